@@ -1,0 +1,70 @@
+// Kernel API: dequantization, activation quantization and dot products for every supported
+// tensor type, plus the f32 elementwise ops the forward pass needs.
+//
+// Numerics follow llama.cpp's CPU backend so that tandem reproduces its logits: before a matrix
+// product with a non-f32 weight, the activation row is converted to the weight type's
+// "activation type" (F16 -> f16, BF16 -> bf16, Q4_0/Q5_0/Q8_0 -> Q8_0, Q4_1/Q5_1 -> Q8_1,
+// K-quants -> Q8_K) and the dot product runs on the integer/half values.
+//
+// Every function here dispatches at run time (Highway) to the best SIMD target of the machine;
+// the scalar reference versions live in kernels_ref.h and are what the SIMD code is tested
+// against.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/tensor_type.h"
+
+namespace tandem::kernels {
+
+// True when the engine can compute with weights of this type.
+bool is_supported_weight_type(TensorType type);
+
+// Dequantizes n elements (n a multiple of the type's block size) into f32.
+// Bit-exact with ggml's to_float for every supported type.
+void dequantize_row(TensorType type, const void* src, float* dst, int64_t n);
+
+// Activation type used for dot products against weights of type `weight_type`.
+TensorType activation_type(TensorType weight_type);
+
+// Converts an f32 activation row into `act_type` layout; dst holds row_bytes(act_type, n).
+void quantize_activation_row(TensorType act_type, const float* x, void* dst, int64_t n);
+
+// Dot product of one weight row (type weight_type) with one activation row already converted
+// to activation_type(weight_type). n elements.
+float vec_dot(TensorType weight_type, int64_t n, const void* w_row, const void* act_row);
+
+// Y[r][i] = dot(W row i, X row r) for rows i in [row_begin, row_end) of W and all n_act
+// prepared activation rows. W: [n_w_rows][k] of weight_type (row stride row_bytes(weight_type,
+// k)); acts: n_act rows of activation_type(weight_type), stride act_stride bytes;
+// Y: [n_act][y_stride] f32. Blocked so each weight row is read once for all activation rows.
+void matmul_rows(TensorType weight_type, int64_t k, const void* w, int64_t row_begin,
+                 int64_t row_end, const void* acts, size_t act_stride, int64_t n_act, float* y,
+                 int64_t y_stride);
+
+// ---- f32 elementwise ops (x: [n]) ----
+
+// out = x / sqrt(mean(x^2) + eps) * w (sum of squares accumulated in double, as ggml does).
+void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps);
+// out[i] = silu(gate[i]) * up[i]
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+// out[i] = gelu_tanh(gate[i]) * up[i], using ggml's f16 lookup-table GELU.
+void geglu(const float* gate, const float* up, float* out, int64_t n);
+// In-place softmax over n values.
+void softmax(float* x, int64_t n);
+// sum_i a[i] * b[i]
+float dot_f32(const float* a, const float* b, int64_t n);
+// y[i] += a * x[i]
+void axpy(float a, const float* x, float* y, int64_t n);
+
+// Half-precision conversions (IEEE binary16 and bfloat16), bit-exact with ggml.
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+
+// Name of the SIMD target that dispatch selected on this machine (e.g. "AVX3_DL").
+const char* simd_target_name();
+
+}  // namespace tandem::kernels
