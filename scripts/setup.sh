@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Installs every Debian package tandem needs to build, test and fuzz. Idempotent: packages that are
+# already installed are skipped, and `apt-get update` runs only when something is missing.
+#
+#   scripts/setup.sh          host toolchain and libraries
+#   scripts/setup.sh --arm    also the arm64 cross toolchain, arm64 Highway and qemu-user
+#
+# Needs root (or sudo). Exits non-zero, naming the packages, when an install fails.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential g++ cmake ninja-build pkg-config git
+  libhwy-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+  libcpp-httplib-dev libssl-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  clang libclang-rt-14-dev clang-format
+  python3 python3-pip
+)
+ARM_PACKAGES=(g++-aarch64-linux-gnu libhwy-dev:arm64 qemu-user)
+
+log() { echo "[setup] $*" >&2; }
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null; then SUDO=(sudo); else
+    log "error: not root and no sudo; install these packages by hand: ${PACKAGES[*]}"
+    exit 1
+  fi
+fi
+
+# Prints the packages of "$@" that are not installed.
+missing_packages() {
+  local p
+  for p in "$@"; do
+    if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]]; then
+      echo "$p"
+    fi
+  done
+}
+
+apt_install() {
+  local missing
+  mapfile -t missing < <(missing_packages "$@")
+  if [[ ${#missing[@]} -eq 0 ]]; then
+    log "all ${#@} packages already installed"
+    return 0
+  fi
+  log "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${SUDO[@]}" apt-get update -qq
+  if ! "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+    log "error: apt-get install failed for: ${missing[*]}"
+    exit 1
+  fi
+  mapfile -t missing < <(missing_packages "$@")
+  if [[ ${#missing[@]} -ne 0 ]]; then
+    log "error: still missing after install: ${missing[*]}"
+    exit 1
+  fi
+}
+
+setup_arm() {
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    log "adding the arm64 architecture"
+    "${SUDO[@]}" dpkg --add-architecture arm64
+  fi
+  apt_install "${ARM_PACKAGES[@]}"
+  log "arm64: $(aarch64-linux-gnu-g++ --version | head -1); run tests with" \
+    "qemu-aarch64 -L /usr/aarch64-linux-gnu ./test"
+}
+
+main() {
+  local arm=0 arg
+  for arg in "$@"; do
+    case "$arg" in
+      --arm) arm=1 ;;
+      -h | --help)
+        sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+        return 0
+        ;;
+      *)
+        log "error: unknown argument '$arg' (expected --arm or --help)"
+        return 2
+        ;;
+    esac
+  done
+  apt_install "${PACKAGES[@]}"
+  if [[ $arm -eq 1 ]]; then setup_arm; fi
+  log "done"
+}
+
+main "$@"
