@@ -1,0 +1,179 @@
+// tandem engine: the public C++ API.
+//
+//   auto model = tandem::Model::load("gemma-3-270m-q4_k_m.gguf");
+//   tandem::Context ctx(*model, {.n_ctx = 2048, .n_seq = 4});
+//   std::vector<tandem::BatchToken> batch = ...;  // tokens of one or more sequences
+//   ctx.decode(batch);
+//   std::span<const float> logits = ctx.logits(batch.size() - 1);
+//
+// A Model is immutable once loaded and may be shared by several Contexts. A Context owns a KV
+// cache with n_seq independent sequence slots; each slot can be rolled back to any earlier
+// position (truncate) so a caller can verify drafts or resume after a rejected token. All
+// errors are reported as tandem::Error with a message that names what was wrong.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+using TokenId = int32_t;
+
+class Tokenizer;
+class GgufFile;
+struct ModelConfig;
+struct ModelWeights;
+class KvCache;
+class Forward;
+class ThreadPool;
+struct ForwardOutputs;
+
+// Summary of a loaded model, for callers that do not need the internals.
+struct ModelInfo {
+  std::string arch;  // "llama", "qwen2", "qwen3", "gemma3"
+  std::string name;
+  std::string path;
+  int n_vocab = 0;
+  int n_embd = 0;
+  int n_layer = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int n_ctx_train = 0;
+  uint64_t n_params = 0;
+  uint64_t file_bytes = 0;
+};
+
+class Model {
+ public:
+  // Memory-maps the GGUF file, reads its configuration, binds every tensor and loads the
+  // tokenizer. Throws tandem::Error.
+  static std::unique_ptr<Model> load(const std::string& path);
+  ~Model();
+
+  const ModelInfo& info() const { return info_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const ModelConfig& config() const { return *config_; }
+  const ModelWeights& weights() const { return *weights_; }
+  const GgufFile& file() const { return *file_; }
+
+ private:
+  Model();
+  ModelInfo info_;
+  std::unique_ptr<GgufFile> file_;
+  std::unique_ptr<ModelConfig> config_;
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+};
+
+// One token of a batch: its id, its position in its sequence, the sequence slot, and what the
+// caller wants back for it.
+struct BatchToken {
+  TokenId token = 0;
+  int32_t pos = 0;
+  int32_t seq = 0;
+  bool want_logits = false;
+  bool want_hidden = false;
+};
+
+struct ContextParams {
+  int n_ctx = 0;      // positions per sequence; 0 = min(training context, 4096)
+  int n_seq = 1;      // independent sequence slots
+  int n_threads = 0;  // 0 = number of available cores
+};
+
+class Context {
+ public:
+  Context(const Model& model, const ContextParams& params = {});
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // Runs the batch through the model, appending its keys/values to the cache. Each sequence's
+  // tokens must continue it: positions seq_length(seq), seq_length(seq)+1, ... in batch order.
+  // Throws tandem::Error (and leaves the cache unchanged) for a token id out of range, a bad
+  // sequence slot, a position gap or a full context.
+  void decode(std::span<const BatchToken> batch);
+
+  // Outputs of the last decode, by index into its batch. Throws if not requested.
+  std::span<const float> logits(int batch_index) const;  // [n_vocab]
+  std::span<const float> hidden(int batch_index) const;  // [n_embd], output of the final norm
+
+  int seq_length(int seq) const;
+  // Keeps positions [0, n_keep) of a sequence and forgets the rest.
+  void truncate(int seq, int n_keep);
+  void clear(int seq) { truncate(seq, 0); }
+
+  int n_ctx() const { return n_ctx_; }
+  int n_seq() const { return n_seq_; }
+  int n_threads() const;
+  const Model& model() const { return model_; }
+
+  // Test/probe hook: called with the residual stream [n_tokens][n_embd] after every layer.
+  void set_layer_probe(std::function<void(int layer, const float* x, int n_tokens)> probe);
+
+ private:
+  const Model& model_;
+  int n_ctx_ = 0;
+  int n_seq_ = 1;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Forward> forward_;
+  std::unique_ptr<ForwardOutputs> out_;
+  std::vector<int32_t> out_row_;  // batch index -> output row, -1 if none
+  std::vector<uint8_t> out_has_logits_;
+  std::function<void(int, const float*, int)> probe_;
+};
+
+// ---- sampling ----
+
+struct SamplingParams {
+  float temp = 0.8f;  // <= 0: greedy
+  int top_k = 40;     // <= 0: off
+  float top_p = 0.95f;  // >= 1: off
+  float min_p = 0.05f;  // <= 0: off
+  float repeat_penalty = 1.0f;  // 1: off
+  int repeat_last_n = 64;
+  uint64_t seed = 0xFFFFFFFF;  // 0xFFFFFFFF: random seed
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  // Picks the next token from a logits row (penalties, top-k, top-p, min-p, temperature, then a
+  // draw; the argmax when temp <= 0).
+  TokenId sample(std::span<const float> logits);
+  // Records a token that is now part of the context (for the repetition penalty).
+  void accept(TokenId token);
+  void reset();
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  SamplingParams params_;
+  uint64_t rng_state_;
+  std::vector<TokenId> history_;
+  std::vector<std::pair<float, TokenId>> cand_;
+};
+
+// ---- generation ----
+
+struct GenerateResult {
+  std::vector<TokenId> ids;  // generated tokens (the end-of-generation token excluded)
+  std::string text;
+  bool stopped_at_eog = false;
+  int n_prompt = 0;
+  double prompt_ms = 0;  // prefill time
+  double gen_ms = 0;     // time for the generated tokens
+};
+
+// Prefills `prompt` into sequence slot `seq` (after whatever it already holds) and samples up
+// to n_predict tokens, stopping at an end-of-generation token. on_text receives each newly
+// complete piece of UTF-8 text as it is produced; returning false stops early.
+GenerateResult generate(Context& ctx, std::span<const TokenId> prompt, int n_predict,
+                        Sampler& sampler,
+                        const std::function<bool(std::string_view)>& on_text = {}, int seq = 0);
+
+}  // namespace tandem

@@ -1,0 +1,135 @@
+// tandem bench: prompt processing (pp) and text generation (tg) speed, measured separately
+// like llama-bench: one warm-up run, then -r timed repetitions; mean and standard deviation of
+// tokens per second.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "tandem/engine.h"
+
+namespace tandem::cli {
+namespace {
+
+struct Stats {
+  double mean = 0, sd = 0;
+  std::vector<double> samples;
+};
+
+Stats summarize(const std::vector<double>& v) {
+  Stats s;
+  s.samples = v;
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= v.size();
+  if (v.size() > 1) {
+    double ss = 0;
+    for (double x : v) ss += (x - s.mean) * (x - s.mean);
+    s.sd = std::sqrt(ss / (v.size() - 1));
+  }
+  return s;
+}
+
+class BenchCommand : public Command {
+ public:
+  explicit BenchCommand(CLI::App& app)
+      : Command(app.add_subcommand("bench", "Measure prompt processing and generation speed")) {
+    sub_->add_option("-m,--model", model_, "GGUF model file")->default_str(default_model_path());
+    sub_->add_option("-p,--n-prompt", n_prompt_, "Prompt tokens for the pp test (0: skip)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 16));
+    sub_->add_option("-n,--n-gen", n_gen_, "Generated tokens for the tg test (0: skip)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 16));
+    sub_->add_option("-t,--threads", threads_, "Threads")->capture_default_str();
+    sub_->add_option("-r,--repetitions", reps_, "Timed repetitions")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    sub_->add_option("-b,--batch-size", batch_, "Tokens per forward pass in pp")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 16));
+    sub_->add_flag("--json", json_, "Print results as JSON on stdout");
+  }
+
+  int run() override {
+    if (model_.empty()) model_ = default_model_path();
+    auto model = Model::load(model_);
+    ContextParams cp;
+    cp.n_ctx = std::max(n_prompt_, n_gen_) + 1;
+    cp.n_threads = threads_;
+    Context ctx(*model, cp);
+    std::mt19937 rng(42);
+    std::uniform_int_distribution<int> dist(0, model->info().n_vocab - 1);
+    using Clock = std::chrono::steady_clock;
+
+    auto run_pp = [&]() {
+      ctx.clear(0);
+      std::vector<BatchToken> batch;
+      const auto t0 = Clock::now();
+      for (int b = 0; b < n_prompt_; b += batch_) {
+        const int e = std::min(n_prompt_, b + batch_);
+        batch.clear();
+        for (int i = b; i < e; ++i) batch.push_back({dist(rng), i, 0, i + 1 == n_prompt_});
+        ctx.decode(batch);
+      }
+      return n_prompt_ / std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    auto run_tg = [&]() {
+      ctx.clear(0);
+      const auto t0 = Clock::now();
+      for (int i = 0; i < n_gen_; ++i) {
+        const BatchToken bt{dist(rng), i, 0, true};
+        ctx.decode(std::span<const BatchToken>(&bt, 1));
+      }
+      return n_gen_ / std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    auto measure = [&](auto&& fn, const char* label) {
+      fn();  // warm-up
+      std::vector<double> v;
+      for (int r = 0; r < reps_; ++r) {
+        v.push_back(fn());
+        if (stderr_is_tty()) std::fprintf(stderr, "\r%s: %d/%d", label, r + 1, reps_);
+      }
+      if (stderr_is_tty()) std::fprintf(stderr, "\r\033[K");
+      return summarize(v);
+    };
+
+    nlohmann::json j;
+    j["model"] = model_;
+    j["arch"] = model->info().arch;
+    j["threads"] = ctx.n_threads();
+    j["repetitions"] = reps_;
+    j["model_bytes"] = model->info().file_bytes;
+    std::fprintf(stderr, "model %s (%s, %.1f MiB), %d threads\n", model_.c_str(),
+                 model->info().arch.c_str(), model->info().file_bytes / 1048576.0,
+                 ctx.n_threads());
+    if (n_prompt_ > 0) {
+      const Stats s = measure(run_pp, "pp");
+      j["pp"] = {{"n", n_prompt_}, {"tok_s", s.mean}, {"sd", s.sd}, {"samples", s.samples}};
+      std::fprintf(stderr, "pp%-5d %10.2f ± %.2f tok/s\n", n_prompt_, s.mean, s.sd);
+    }
+    if (n_gen_ > 0) {
+      const Stats s = measure(run_tg, "tg");
+      j["tg"] = {{"n", n_gen_}, {"tok_s", s.mean}, {"sd", s.sd}, {"samples", s.samples}};
+      std::fprintf(stderr, "tg%-5d %10.2f ± %.2f tok/s\n", n_gen_, s.mean, s.sd);
+    }
+    if (json_) std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+
+ private:
+  std::string model_;
+  int n_prompt_ = 512, n_gen_ = 128, threads_ = 2, reps_ = 5, batch_ = 512;
+  bool json_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> make_bench_command(CLI::App& app) {
+  return std::make_unique<BenchCommand>(app);
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,33 @@
+// Subcommands of the `tandem` tool. Each registers its flags on the CLI11 app and runs when
+// selected; run() returns the process exit code and throws tandem::Error for runtime failures.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+namespace tandem::cli {
+
+class Command {
+ public:
+  explicit Command(CLI::App* sub) : sub_(sub) {}
+  virtual ~Command() = default;
+  bool parsed() const { return sub_->parsed(); }
+  virtual int run() = 0;
+
+ protected:
+  CLI::App* sub_;
+};
+
+std::unique_ptr<Command> make_tokenize_command(CLI::App& app);
+std::unique_ptr<Command> make_logits_command(CLI::App& app);
+std::unique_ptr<Command> make_generate_command(CLI::App& app);
+std::unique_ptr<Command> make_bench_command(CLI::App& app);
+
+// Shared helpers (main.cpp).
+std::string default_model_path();
+bool stderr_is_tty();
+// The prompt from -p (exactly as given), else -f FILE, else stdin.
+std::string read_prompt(const std::string& prompt, const std::string& file, bool have_prompt);
+
+}  // namespace tandem::cli

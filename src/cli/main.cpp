@@ -1,0 +1,91 @@
+// The `tandem` command-line tool: one binary, one subcommand per job.
+//
+// Contract (DESIGN.md §6): machine-readable output is JSON on stdout with --json; human output,
+// progress and errors go to stderr. Exit codes: 0 success, 1 runtime error (bad model file,
+// bad input), 2 bad command line.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "common/error.h"
+
+namespace tandem::cli {
+
+std::string default_model_path() {
+  if (const char* env = std::getenv("TANDEM_MODEL"); env && *env) return env;
+  std::string cache;
+  if (const char* c = std::getenv("TANDEM_CACHE"); c && *c) {
+    cache = c;
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    cache = std::string(home) + "/.cache/tandem";
+  } else {
+    cache = ".cache/tandem";
+  }
+  return cache + "/models/gemma-3-270m-q4_k_m.gguf";
+}
+
+bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
+
+std::string read_prompt(const std::string& prompt, const std::string& file, bool have_prompt) {
+  if (have_prompt) return prompt;
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw Error("cannot read prompt file '" + file + "'");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  if (isatty(STDIN_FILENO)) {
+    throw Error("no prompt: pass -p TEXT, -f FILE, or pipe the text on stdin");
+  }
+  std::ostringstream ss;
+  ss << std::cin.rdbuf();
+  return ss.str();
+}
+
+}  // namespace tandem::cli
+
+int main(int argc, char** argv) {
+  using namespace tandem::cli;
+  CLI::App app{"tandem: token-level collaborative decoding; engine tools"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tandem 0.1.0");
+
+  std::vector<std::unique_ptr<Command>> commands;
+  commands.push_back(make_tokenize_command(app));
+  commands.push_back(make_logits_command(app));
+  commands.push_back(make_generate_command(app));
+  commands.push_back(make_bench_command(app));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  for (auto& cmd : commands) {
+    if (cmd->parsed()) {
+      try {
+        return cmd->run();
+      } catch (const tandem::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+      } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "error: out of memory\n");
+        return 1;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+      }
+    }
+  }
+  return 2;
+}

@@ -1,0 +1,292 @@
+#include "model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/thread_pool.h"
+#include "kernels/kernels.h"
+
+namespace tandem {
+
+Forward::Forward(const ModelConfig& config, const ModelWeights& weights, ThreadPool& pool)
+    : c_(config), w_(weights), pool_(pool) {}
+
+void Forward::ensure_scratch(int n) {
+  if (n <= cap_) return;
+  cap_ = n;
+  const size_t N = static_cast<size_t>(n);
+  x_.resize(N * c_.n_embd);
+  cur_.resize(N * c_.n_embd);
+  q_.resize(N * c_.q_dim());
+  k_.resize(N * c_.kv_dim());
+  v_.resize(N * c_.v_dim());
+  attn_.resize(N * c_.out_dim());
+  proj_.resize(N * c_.n_embd);
+  gate_.resize(N * c_.n_ff);
+  up_.resize(N * c_.n_ff);
+  const size_t max_k = std::max({c_.n_embd, c_.n_ff, c_.out_dim()});
+  // The widest activation layout is f32 (4 bytes per element).
+  act_.resize(N * (max_k * sizeof(float) + 64));
+  row_.resize(c_.n_embd);
+}
+
+void Forward::matmul(const WeightView& w, const float* x, int n, float* y) {
+  const TensorType act_type = kernels::activation_type(w.type);
+  const size_t act_stride = row_bytes(act_type, w.ne0);
+  uint8_t* act = act_.data();
+  if (n >= 4) {
+    pool_.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        kernels::quantize_activation_row(act_type, x + r * w.ne0, act + r * act_stride, w.ne0);
+      }
+    });
+  } else {
+    for (int r = 0; r < n; ++r) {
+      kernels::quantize_activation_row(act_type, x + r * w.ne0, act + r * act_stride, w.ne0);
+    }
+  }
+  // Split the weight rows across threads; each thread streams its rows once for all n
+  // activation rows.
+  const int64_t grain = std::max<int64_t>(8, w.ne1 / (pool_.size() * 8));
+  pool_.parallel_for(w.ne1, grain, [&](int64_t b, int64_t e) {
+    kernels::matmul_rows(w.type, w.ne0, w.data, b, e, act, act_stride, n, y, w.ne1);
+  });
+}
+
+void Forward::add_bias(const WeightView& b, float* y, int n, int dim) {
+  if (!b.present()) return;
+  const float* bias = b.f32();
+  for (int r = 0; r < n; ++r) {
+    float* row = y + static_cast<size_t>(r) * dim;
+    for (int i = 0; i < dim; ++i) row[i] += bias[i];
+  }
+}
+
+// Rotates the first n_rot dimensions of each head of x ([n_heads][head_dim]) by position pos.
+// The angle for pair i is pos * scale * base^(-2i/n_rot) / freq_factor[i], built by repeated
+// multiplication in f32 the way ggml builds its rope cache.
+void Forward::rope(float* x, int n_heads, int pos, bool swa_layer) {
+  const int n_rot = c_.n_rot;
+  const float base = swa_layer ? c_.rope_base_swa : c_.rope_base;
+  const float freq_scale = swa_layer ? 1.0f : c_.rope_freq_scale;
+  const float theta_scale = std::pow(base, -2.0f / static_cast<float>(n_rot));
+  const float* factors = w_.rope_freqs.present() ? w_.rope_freqs.f32() : nullptr;
+  float cos_sin[2 * 512];  // n_rot <= 1024 is enforced by the caller's config checks
+  float theta = static_cast<float>(pos);
+  for (int i = 0; i < n_rot / 2; ++i) {
+    const float t = freq_scale * (factors ? theta / factors[i] : theta);
+    cos_sin[2 * i] = std::cos(t);
+    cos_sin[2 * i + 1] = std::sin(t);
+    theta *= theta_scale;
+  }
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<size_t>(h) * c_.head_dim;
+    if (c_.rope_style == RopeStyle::Norm) {
+      for (int i = 0; i < n_rot / 2; ++i) {
+        const float cs = cos_sin[2 * i], sn = cos_sin[2 * i + 1];
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * cs - x1 * sn;
+        v[2 * i + 1] = x0 * sn + x1 * cs;
+      }
+    } else {
+      const int half = n_rot / 2;
+      for (int i = 0; i < half; ++i) {
+        const float cs = cos_sin[2 * i], sn = cos_sin[2 * i + 1];
+        const float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs - x1 * sn;
+        v[i + half] = x0 * sn + x1 * cs;
+      }
+    }
+  }
+}
+
+// Causal attention of every batch token over its sequence's cached keys/values.
+// q_: [n][n_head][head_dim] -> attn_: [n][n_head][head_dim_v].
+void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& cache) {
+  const int n = static_cast<int>(batch.size());
+  const int n_head = c_.n_head, hd = c_.head_dim, hdv = c_.head_dim_v;
+  const int group = c_.n_head / c_.n_head_kv;
+  const bool swa = c_.layer_is_swa[layer] && c_.sliding_window > 0;
+  const int window = c_.sliding_window;
+  const int n_ctx = cache.n_ctx();
+  scores_.resize(static_cast<size_t>(pool_.size()) * n_ctx);
+  pool_.run([&](int t, int n_threads) {
+    float* scores = scores_.data() + static_cast<size_t>(t) * n_ctx;
+    for (int job = t; job < n * n_head; job += n_threads) {
+      const int i = job / n_head, h = job % n_head;
+      const BatchToken& bt = batch[i];
+      const int kvh = h / group;
+      const float* q = q_.data() + (static_cast<size_t>(i) * n_head + h) * hd;
+      const float* keys = cache.keys(layer, bt.seq) + static_cast<size_t>(kvh) * hd;
+      const float* vals = cache.values(layer, bt.seq) + static_cast<size_t>(kvh) * hdv;
+      const int kv_stride = cache.kv_dim(), v_stride = cache.v_dim();
+      // A key at position p0 is visible to a query at p1 iff p0 <= p1 and, on sliding-window
+      // layers, p1 - p0 < window.
+      const int first = swa ? std::max(0, bt.pos - window + 1) : 0;
+      const int count = bt.pos - first + 1;
+      float max_score = -INFINITY;
+      for (int j = 0; j < count; ++j) {
+        float s = kernels::dot_f32(q, keys + static_cast<size_t>(first + j) * kv_stride, hd);
+        s *= c_.kq_scale;
+        if (c_.attn_logit_softcap > 0) {
+          s = c_.attn_logit_softcap * std::tanh(s / c_.attn_logit_softcap);
+        }
+        scores[j] = s;
+        max_score = std::max(max_score, s);
+      }
+      double sum = 0;
+      for (int j = 0; j < count; ++j) {
+        scores[j] = std::exp(scores[j] - max_score);
+        sum += scores[j];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      float* out = attn_.data() + (static_cast<size_t>(i) * n_head + h) * hdv;
+      std::fill(out, out + hdv, 0.0f);
+      for (int j = 0; j < count; ++j) {
+        kernels::axpy(scores[j] * inv, vals + static_cast<size_t>(first + j) * v_stride, out, hdv);
+      }
+    }
+  });
+}
+
+void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutputs& out,
+                  const LayerProbe* probe) {
+  const int n = static_cast<int>(batch.size());
+  if (n == 0) return;
+  ensure_scratch(n);
+  const int D = c_.n_embd;
+  const size_t Dz = static_cast<size_t>(D);
+
+  // Input embeddings: x[i] = dequant(token_embd row) * embd_scale.
+  for (int i = 0; i < n; ++i) {
+    float* xi = x_.data() + i * Dz;
+    kernels::dequantize_row(w_.token_embd.type, w_.token_embd.row(batch[i].token), xi, D);
+    if (c_.embd_scale != 1.0f) {
+      for (int d = 0; d < D; ++d) xi[d] *= c_.embd_scale;
+    }
+  }
+
+  for (int il = 0; il < c_.n_layer; ++il) {
+    const LayerWeights& L = w_.layers[il];
+    const bool swa = c_.layer_is_swa[il] && c_.sliding_window > 0;
+
+    // --- attention block ---
+    for (int i = 0; i < n; ++i) {
+      kernels::rms_norm(x_.data() + i * Dz, L.attn_norm.f32(), cur_.data() + i * Dz, D,
+                        c_.rms_eps);
+    }
+    matmul(L.wq, cur_.data(), n, q_.data());
+    matmul(L.wk, cur_.data(), n, k_.data());
+    matmul(L.wv, cur_.data(), n, v_.data());
+    add_bias(L.bq, q_.data(), n, c_.q_dim());
+    add_bias(L.bk, k_.data(), n, c_.kv_dim());
+    add_bias(L.bv, v_.data(), n, c_.v_dim());
+    for (int i = 0; i < n; ++i) {
+      float* q = q_.data() + static_cast<size_t>(i) * c_.q_dim();
+      float* k = k_.data() + static_cast<size_t>(i) * c_.kv_dim();
+      if (L.q_norm.present()) {
+        for (int h = 0; h < c_.n_head; ++h) {
+          float* qh = q + static_cast<size_t>(h) * c_.head_dim;
+          kernels::rms_norm(qh, L.q_norm.f32(), qh, c_.head_dim, c_.rms_eps);
+        }
+      }
+      if (L.k_norm.present()) {
+        for (int h = 0; h < c_.n_head_kv; ++h) {
+          float* kh = k + static_cast<size_t>(h) * c_.head_dim;
+          kernels::rms_norm(kh, L.k_norm.f32(), kh, c_.head_dim, c_.rms_eps);
+        }
+      }
+      rope(q, c_.n_head, batch[i].pos, swa);
+      rope(k, c_.n_head_kv, batch[i].pos, swa);
+      if (c_.query_scale != 1.0f) {
+        for (int d = 0; d < c_.q_dim(); ++d) q[d] *= c_.query_scale;
+      }
+      // Store this token's key and value at its position.
+      std::memcpy(cache.keys(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.kv_dim(),
+                  k, sizeof(float) * c_.kv_dim());
+      std::memcpy(cache.values(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.v_dim(),
+                  v_.data() + static_cast<size_t>(i) * c_.v_dim(), sizeof(float) * c_.v_dim());
+    }
+    attention(il, batch, cache);
+    matmul(L.wo, attn_.data(), n, proj_.data());
+    if (L.post_attn_norm.present()) {
+      for (int i = 0; i < n; ++i) {
+        float* p = proj_.data() + i * Dz;
+        kernels::rms_norm(p, L.post_attn_norm.f32(), p, D, c_.rms_eps);
+      }
+    }
+    for (size_t j = 0; j < n * Dz; ++j) x_[j] += proj_[j];
+
+    // --- feed-forward block ---
+    for (int i = 0; i < n; ++i) {
+      kernels::rms_norm(x_.data() + i * Dz, L.ffn_norm.f32(), cur_.data() + i * Dz, D,
+                        c_.rms_eps);
+    }
+    matmul(L.ffn_gate, cur_.data(), n, gate_.data());
+    matmul(L.ffn_up, cur_.data(), n, up_.data());
+    const size_t nff = static_cast<size_t>(n) * c_.n_ff;
+    if (c_.ffn_act == FfnActivation::GeluTanh) {
+      kernels::geglu(gate_.data(), up_.data(), gate_.data(), nff);
+    } else {
+      kernels::swiglu(gate_.data(), up_.data(), gate_.data(), nff);
+    }
+    matmul(L.ffn_down, gate_.data(), n, proj_.data());
+    if (L.post_ffn_norm.present()) {
+      for (int i = 0; i < n; ++i) {
+        float* p = proj_.data() + i * Dz;
+        kernels::rms_norm(p, L.post_ffn_norm.f32(), p, D, c_.rms_eps);
+      }
+    }
+    for (size_t j = 0; j < n * Dz; ++j) x_[j] += proj_[j];
+    if (probe && *probe) (*probe)(il, x_.data(), n);
+  }
+
+  for (const BatchToken& bt : batch) {
+    cache.set_length(bt.seq, std::max(cache.length(bt.seq), bt.pos + 1));
+  }
+
+  // --- outputs: final norm for requested rows, LM head only where logits are wanted ---
+  out.out_index.clear();
+  for (int i = 0; i < n; ++i) {
+    if (batch[i].want_logits || batch[i].want_hidden) out.out_index.push_back(i);
+  }
+  const int n_out = static_cast<int>(out.out_index.size());
+  out.hidden.resize(static_cast<size_t>(n_out) * D);
+  for (int r = 0; r < n_out; ++r) {
+    kernels::rms_norm(x_.data() + out.out_index[r] * Dz, w_.output_norm.f32(),
+                      out.hidden.data() + r * Dz, D, c_.rms_eps);
+  }
+  // Pack the rows that want logits so the LM head runs only on them.
+  std::vector<int> logit_rows;
+  for (int r = 0; r < n_out; ++r) {
+    if (batch[out.out_index[r]].want_logits) logit_rows.push_back(r);
+  }
+  const size_t V = static_cast<size_t>(c_.n_vocab);
+  out.logits.assign(static_cast<size_t>(n_out) * V, 0.0f);
+  if (!logit_rows.empty()) {
+    const int m = static_cast<int>(logit_rows.size());
+    std::vector<float> packed_hidden(static_cast<size_t>(m) * D);
+    for (int j = 0; j < m; ++j) {
+      std::memcpy(packed_hidden.data() + j * Dz, out.hidden.data() + logit_rows[j] * Dz,
+                  Dz * sizeof(float));
+    }
+    if (m == n_out) {
+      matmul(w_.output, packed_hidden.data(), m, out.logits.data());
+    } else {
+      std::vector<float> packed_logits(static_cast<size_t>(m) * V);
+      matmul(w_.output, packed_hidden.data(), m, packed_logits.data());
+      for (int j = 0; j < m; ++j) {
+        std::memcpy(out.logits.data() + logit_rows[j] * V, packed_logits.data() + j * V,
+                    V * sizeof(float));
+      }
+    }
+    if (c_.final_logit_softcap > 0) {
+      const float cap = c_.final_logit_softcap;
+      for (float& l : out.logits) l = cap * std::tanh(l / cap);
+    }
+  }
+}
+
+}  // namespace tandem

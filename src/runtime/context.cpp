@@ -1,0 +1,107 @@
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/thread_pool.h"
+#include "model/forward.h"
+#include "model/kv_cache.h"
+#include "model/model_config.h"
+#include "model/model_weights.h"
+#include "tandem/engine.h"
+
+namespace tandem {
+
+Context::Context(const Model& model, const ContextParams& params) : model_(model) {
+  const ModelConfig& c = model.config();
+  n_ctx_ = params.n_ctx > 0 ? params.n_ctx : std::min(c.n_ctx_train, 4096);
+  if (n_ctx_ <= 0 || n_ctx_ > (1 << 20)) {
+    throw Error("context size " + std::to_string(params.n_ctx) + " is out of range 1..1048576");
+  }
+  if (params.n_seq < 1 || params.n_seq > 4096) {
+    throw Error("number of sequences " + std::to_string(params.n_seq) +
+                " is out of range 1..4096");
+  }
+  n_seq_ = params.n_seq;
+  const int threads = params.n_threads > 0 ? params.n_threads : default_thread_count();
+  pool_ = std::make_unique<ThreadPool>(threads);
+  cache_ = std::make_unique<KvCache>(c.n_layer, n_seq_, n_ctx_, c.kv_dim(), c.v_dim());
+  forward_ = std::make_unique<Forward>(c, model.weights(), *pool_);
+  out_ = std::make_unique<ForwardOutputs>();
+}
+
+Context::~Context() = default;
+
+int Context::n_threads() const { return pool_->size(); }
+
+void Context::decode(std::span<const BatchToken> batch) {
+  if (batch.empty()) throw Error("decode: the batch is empty");
+  const int n_vocab = model_.config().n_vocab;
+  // Validate everything before touching the cache, so a bad batch changes nothing.
+  std::vector<int> next(n_seq_);
+  for (int s = 0; s < n_seq_; ++s) next[s] = cache_->length(s);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchToken& t = batch[i];
+    if (t.token < 0 || t.token >= n_vocab) {
+      throw Error("decode: batch token " + std::to_string(i) + ": token id " +
+                  std::to_string(t.token) + " is outside the vocabulary [0, " +
+                  std::to_string(n_vocab) + ")");
+    }
+    if (t.seq < 0 || t.seq >= n_seq_) {
+      throw Error("decode: batch token " + std::to_string(i) + ": sequence " +
+                  std::to_string(t.seq) + " is outside [0, " + std::to_string(n_seq_) + ")");
+    }
+    if (t.pos != next[t.seq]) {
+      throw Error("decode: batch token " + std::to_string(i) + ": sequence " +
+                  std::to_string(t.seq) + " expects position " + std::to_string(next[t.seq]) +
+                  ", found " + std::to_string(t.pos));
+    }
+    if (t.pos >= n_ctx_) {
+      throw Error("decode: sequence " + std::to_string(t.seq) + " is full: position " +
+                  std::to_string(t.pos) + " does not fit a context of " + std::to_string(n_ctx_) +
+                  " tokens");
+    }
+    ++next[t.seq];
+  }
+  LayerProbe probe = probe_;
+  forward_->run(batch, *cache_, *out_, probe ? &probe : nullptr);
+  out_row_.assign(batch.size(), -1);
+  out_has_logits_.assign(batch.size(), 0);
+  for (size_t r = 0; r < out_->out_index.size(); ++r) {
+    out_row_[out_->out_index[r]] = static_cast<int32_t>(r);
+    out_has_logits_[out_->out_index[r]] = batch[out_->out_index[r]].want_logits;
+  }
+}
+
+std::span<const float> Context::logits(int i) const {
+  if (i < 0 || i >= static_cast<int>(out_row_.size()) || out_row_[i] < 0 || !out_has_logits_[i]) {
+    throw Error("logits: batch index " + std::to_string(i) +
+                " did not ask for logits in the last decode");
+  }
+  const size_t V = model_.config().n_vocab;
+  return {out_->logits.data() + out_row_[i] * V, V};
+}
+
+std::span<const float> Context::hidden(int i) const {
+  if (i < 0 || i >= static_cast<int>(out_row_.size()) || out_row_[i] < 0) {
+    throw Error("hidden: batch index " + std::to_string(i) +
+                " asked for neither logits nor hidden state in the last decode");
+  }
+  const size_t D = model_.config().n_embd;
+  return {out_->hidden.data() + out_row_[i] * D, D};
+}
+
+int Context::seq_length(int seq) const {
+  if (seq < 0 || seq >= n_seq_) throw Error("sequence " + std::to_string(seq) + " out of range");
+  return cache_->length(seq);
+}
+
+void Context::truncate(int seq, int n_keep) {
+  if (seq < 0 || seq >= n_seq_) throw Error("sequence " + std::to_string(seq) + " out of range");
+  if (n_keep < 0) throw Error("truncate: negative length " + std::to_string(n_keep));
+  cache_->set_length(seq, std::min(n_keep, cache_->length(seq)));
+}
+
+void Context::set_layer_probe(std::function<void(int, const float*, int)> probe) {
+  probe_ = std::move(probe);
+}
+
+}  // namespace tandem

@@ -1,0 +1,39 @@
+#include "common/error.h"
+#include "gguf/gguf.h"
+#include "model/model_config.h"
+#include "model/model_weights.h"
+#include "tandem/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem {
+
+Model::Model() = default;
+Model::~Model() = default;
+
+std::unique_ptr<Model> Model::load(const std::string& path) {
+  std::unique_ptr<Model> m(new Model());
+  m->file_ = GgufFile::open(path);
+  m->config_ = std::make_unique<ModelConfig>(config_from_gguf(*m->file_));
+  m->weights_ = std::make_unique<ModelWeights>(bind_weights(*m->file_, *m->config_));
+  m->tokenizer_ = Tokenizer::from_gguf(*m->file_);
+  const ModelConfig& c = *m->config_;
+  if (m->tokenizer_->n_vocab() > c.n_vocab) {
+    throw Error(path + ": the tokenizer has " + std::to_string(m->tokenizer_->n_vocab()) +
+                " tokens but token_embd.weight has only " + std::to_string(c.n_vocab) + " rows");
+  }
+  ModelInfo& info = m->info_;
+  info.arch = c.arch_name;
+  info.name = c.name;
+  info.path = path;
+  info.n_vocab = c.n_vocab;
+  info.n_embd = c.n_embd;
+  info.n_layer = c.n_layer;
+  info.n_head = c.n_head;
+  info.n_head_kv = c.n_head_kv;
+  info.n_ctx_train = c.n_ctx_train;
+  info.file_bytes = m->file_->file_size();
+  for (const auto& t : m->file_->tensors()) info.n_params += static_cast<uint64_t>(t.n_elements());
+  return m;
+}
+
+}  // namespace tandem
