@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -17,6 +18,12 @@ namespace {
 constexpr uint32_t kMaxDims = 4;
 constexpr int kMaxArrayNesting = 8;
 constexpr uint64_t kMaxKeyLength = 1 << 16;
+// Counts come from the file: a hostile one can claim as many elements as its bytes allow, and each
+// element costs more in memory (up to 160 bytes) than its minimum size in the file (8-13 bytes),
+// multiplied again by every nesting level that is open at once. Reserving up front is therefore
+// capped; vectors grow with what is actually parsed.
+constexpr uint64_t kMaxReserve = 1 << 16;
+size_t capped(uint64_t n) { return static_cast<size_t>(std::min(n, kMaxReserve)); }
 
 // Sequential, bounds-checked reader over the file image.
 class Cursor {
@@ -218,10 +225,10 @@ GgufValue read_value(Cursor& c, GgufValueType type, int depth) {
                          " bytes");
   }
   if (v.elem_type == GgufValueType::STRING) {
-    v.strings.reserve(v.count);
+    v.strings.reserve(capped(v.count));
     for (uint64_t i = 0; i < v.count; ++i) v.strings.push_back(c.read_string("array string"));
   } else if (v.elem_type == GgufValueType::ARRAY) {
-    v.items.reserve(v.count);
+    v.items.reserve(capped(v.count));
     for (uint64_t i = 0; i < v.count; ++i) {
       v.items.push_back(read_value(c, GgufValueType::ARRAY, depth + 1));
     }
@@ -355,7 +362,7 @@ void GgufFile::parse() {
                   std::to_string(size_) + "-byte file");
   }
 
-  kv_.reserve(n_kv);
+  kv_.reserve(capped(n_kv));
   for (uint64_t i = 0; i < n_kv; ++i) {
     const size_t key_at = c.pos();
     const std::string key(c.read_string("metadata key", kMaxKeyLength));
@@ -380,7 +387,7 @@ void GgufFile::parse() {
     alignment_ = a->u64;
   }
 
-  tensors_.reserve(n_tensors);
+  tensors_.reserve(capped(n_tensors));
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensorInfo t;
     const size_t name_at = c.pos();
