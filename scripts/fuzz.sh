@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded time on a
+# seed corpus made at run time from ../shared/testdata (nothing of it is committed).
+#
+#   scripts/fuzz.sh [SECONDS_PER_TARGET]     default 60; targets run in parallel, one per core
+#
+# Env: TANDEM_FUZZ_BUILD (default build-fuzz), TANDEM_SHARED_DIR (default ../shared),
+#      FUZZ_TARGETS (default: every fuzz_* target that was built).
+# The corpus grown by libFuzzer stays in $TANDEM_FUZZ_BUILD/corpus/<target> for the next run;
+# crashes go to $TANDEM_FUZZ_BUILD/artifacts/<target>/ and make the script exit non-zero.
+set -euo pipefail
+
+SECONDS_PER_TARGET=${1:-60}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${TANDEM_FUZZ_BUILD:-$ROOT/build-fuzz}
+SHARED=${TANDEM_SHARED_DIR:-$ROOT/../shared}
+JOBS=${JOBS:-$(nproc)}
+
+log() { echo "[fuzz] $*" >&2; }
+
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+  cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_COMPILER=clang++ -DTANDEM_FUZZ=ON -DTANDEM_TESTS=OFF -DTANDEM_BENCH=OFF >&2
+fi
+# Every fuzz_* target the configuration defines (fuzz_tokenizer appears once its source lands).
+cmake --build "$BUILD" -j "$JOBS" --target make_gguf_seeds fuzz_gguf >&2
+if grep -q '^fuzz_tokenizer:' <(cmake --build "$BUILD" --target help 2>/dev/null | sed 's/^\.\.\. //;s/:.*$/:/'); then
+  cmake --build "$BUILD" -j "$JOBS" --target fuzz_tokenizer >&2
+fi
+
+# ---- seed corpora ---------------------------------------------------------------------------------
+SEEDS=$BUILD/seeds
+rm -rf "$SEEDS"
+mkdir -p "$SEEDS/fuzz_gguf" "$SEEDS/fuzz_tokenizer"
+shopt -s nullglob
+GGUFS=("$SHARED"/testdata/models/*.gguf "$SHARED"/testdata/tokenizers/*.gguf)
+[[ ${#GGUFS[@]} -gt 0 ]] || log "warning: no GGUF under $SHARED/testdata; synthetic seeds only"
+"$BUILD/fuzz/make_gguf_seeds" "$SEEDS/fuzz_gguf" "${GGUFS[@]}"
+# Tokenizer seeds: llama.cpp's tokenizer test inputs, one case per file.
+python3 - "$SEEDS/fuzz_tokenizer" "$SHARED"/testdata/tokenizers/*.inp <<'PY'
+import sys, pathlib
+out = pathlib.Path(sys.argv[1]); n = 0
+for inp in sys.argv[2:]:
+    for case in pathlib.Path(inp).read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n"):
+        if case.strip("\n") or case:
+            (out / f"case{n:04d}.txt").write_text(case, encoding="utf-8"); n += 1
+PY
+log "seeds: $(ls "$SEEDS/fuzz_gguf" | wc -l) GGUF files, $(ls "$SEEDS/fuzz_tokenizer" | wc -l) texts"
+
+# ---- run ----------------------------------------------------------------------------------------
+if [[ -n "${FUZZ_TARGETS:-}" ]]; then
+  read -r -a TARGETS <<<"$FUZZ_TARGETS"
+else
+  TARGETS=()
+  for t in "$BUILD"/fuzz/fuzz_*; do [[ -x "$t" ]] && TARGETS+=("$(basename "$t")"); done
+fi
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+declare -A PIDS
+for t in "${TARGETS[@]}"; do
+  mkdir -p "$BUILD/corpus/$t" "$BUILD/artifacts/$t"
+  log "running $t for ${SECONDS_PER_TARGET}s"
+  (cd "$ROOT" && "$BUILD/fuzz/$t" -max_total_time="$SECONDS_PER_TARGET" -max_len=16384 \
+    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$BUILD/artifacts/$t/" "$BUILD/corpus/$t" "$SEEDS/$t" \
+    >"$BUILD/$t.log" 2>&1) &
+  PIDS[$t]=$!
+done
+failed=()
+for t in "${TARGETS[@]}"; do
+  if wait "${PIDS[$t]}"; then
+    log "$t: ok — $(grep -E '^stat::number_of_executed_units' "$BUILD/$t.log" | awk '{print $2}') runs," \
+      "corpus $(ls "$BUILD/corpus/$t" | wc -l) files"
+  else
+    failed+=("$t")
+    log "$t: FAILED; the end of its log ($BUILD/$t.log):"
+    tail -n 60 "$BUILD/$t.log" >&2
+    log "reproduce: $BUILD/fuzz/$t $BUILD/artifacts/$t/<crash file>"
+  fi
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  log "failed: ${failed[*]}"
+  exit 1
+fi
+log "all ${#TARGETS[@]} fuzz targets ran ${SECONDS_PER_TARGET}s without a finding"
