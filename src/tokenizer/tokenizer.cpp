@@ -1,0 +1,995 @@
+#include "tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <bitset>
+#include <cctype>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <queue>
+#include <set>
+#include <unordered_map>
+
+#include "common/error.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/unicode.h"
+
+namespace tandem {
+
+// ---------------------------------------------------------------------------------------------
+// StrMap
+
+void StrMap::reserve(size_t n) {
+  size_t cap = 16;
+  while (cap < n * 2) cap <<= 1;
+  slots_.assign(cap, Slot{});
+  mask_ = cap - 1;
+  size_ = 0;
+}
+
+void StrMap::insert(std::string_view key, int32_t value, bool overwrite) {
+  if ((size_ + 1) * 2 > slots_.size()) {
+    std::vector<Slot> old = std::move(slots_);
+    reserve(std::max<size_t>(16, (size_ + 1) * 2));
+    for (const auto& s : old)
+      if (s.value >= 0) insert(s.key, s.value, true);
+  }
+  size_t i = std::hash<std::string_view>{}(key)&mask_;
+  while (slots_[i].value >= 0) {
+    if (slots_[i].key == key) {
+      if (overwrite) slots_[i].value = value;
+      return;
+    }
+    i = (i + 1) & mask_;
+  }
+  slots_[i] = Slot{key, value};
+  ++size_;
+}
+
+int32_t StrMap::find(std::string_view key) const {
+  if (slots_.empty()) return -1;
+  size_t i = std::hash<std::string_view>{}(key)&mask_;
+  while (slots_[i].value >= 0) {
+    if (slots_[i].key == key) return slots_[i].value;
+    i = (i + 1) & mask_;
+  }
+  return -1;
+}
+
+namespace {
+
+constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
+bool c_isspace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+void escape_whitespace(std::string& s) {
+  std::string out;
+  out.reserve(s.size() + 16);
+  for (char c : s) {
+    if (c == ' ')
+      out += kSpace;
+    else
+      out += c;
+  }
+  s.swap(out);
+}
+
+void unescape_whitespace(std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    if (s.compare(i, kSpace.size(), kSpace) == 0) {
+      out += ' ';
+      i += kSpace.size();
+    } else {
+      out += s[i++];
+    }
+  }
+  s.swap(out);
+}
+
+uint32_t type_to_attr(int64_t t) {
+  switch (t) {
+    case 1:
+      return kAttrNormal;
+    case 2:
+      return kAttrUnknown;
+    case 3:
+      return kAttrControl;
+    case 4:
+      return kAttrUserDefined;
+    case 5:
+      return kAttrUnused;
+    case 6:
+      return kAttrByte;
+    default:
+      return kAttrUndefined;
+  }
+}
+
+struct Fragment {
+  bool is_token;
+  TokenId id;
+  size_t off, len;
+};
+
+// ---------------------------------------------------------------------------------------------
+// SPM (llama.cpp's llm_tokenizer_spm_session)
+
+struct Symbol {
+  int prev;
+  int next;
+  const char* text;
+  size_t n;
+};
+
+struct SpmBigram {
+  int left, right;
+  float score;
+  size_t size;
+};
+struct SpmCmp {
+  bool operator()(const SpmBigram& l, const SpmBigram& r) const {
+    return (l.score < r.score) || (l.score == r.score && l.left > r.left);
+  }
+};
+
+struct BpeBigram {
+  int left, right;
+  std::string text;
+  int rank;
+  size_t size;
+};
+struct BpeCmp {
+  bool operator()(const BpeBigram& l, const BpeBigram& r) const {
+    return l.rank > r.rank || (l.rank == r.rank && l.left > r.left);
+  }
+};
+
+}  // namespace
+
+TokenId TokenizerImpl::byte_to_token(uint8_t b) const {
+  static const char* hex = "0123456789ABCDEF";
+  if (kind == Kind::SPM) {
+    const char buf[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+    TokenId id = text_to_token(std::string_view(buf, 6));
+    if (id >= 0) return id;
+    id = text_to_token(std::string_view(reinterpret_cast<const char*>(&b), 1));
+    if (id >= 0) return id;
+  } else {
+    TokenId id = text_to_token(unicode::byte_to_utf8(b));
+    if (id >= 0) return id;
+  }
+  if (unk >= 0) return unk;
+  char msg[96];
+  std::snprintf(msg, sizeof msg, "tokenizer: vocabulary has no token for byte 0x%02X", b);
+  throw Error(msg);
+}
+
+void TokenizerImpl::spm_tokenize(const std::string& text, std::vector<TokenId>& output) const {
+  std::vector<Symbol> symbols;
+  symbols.reserve(text.size());
+  int index = 0;
+  size_t offs = 0;
+  while (offs < text.size()) {
+    Symbol sym;
+    const size_t len = unicode::len_utf8(text[offs]);
+    sym.text = text.data() + offs;
+    sym.n = std::min(len, text.size() - offs);
+    offs += sym.n;
+    sym.prev = index - 1;
+    sym.next = offs == text.size() ? -1 : index + 1;
+    index++;
+    symbols.push_back(sym);
+  }
+
+  std::priority_queue<SpmBigram, std::vector<SpmBigram>, SpmCmp> work_queue;
+  std::unordered_map<std::string_view, std::pair<int, int>> rev_merge;
+
+  auto try_add_bigram = [&](int left, int right) {
+    if (left == -1 || right == -1) return;
+    const std::string_view s(symbols[left].text, symbols[left].n + symbols[right].n);
+    const TokenId token = text_to_token(s);
+    if (token < 0 || static_cast<size_t>(token) >= texts.size()) return;
+    work_queue.push(SpmBigram{left, right, scores.empty() ? 0.0f : scores[token], s.size()});
+    rev_merge[s] = {left, right};
+  };
+
+  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_add_bigram(i - 1, i);
+
+  while (!work_queue.empty()) {
+    const SpmBigram bigram = work_queue.top();
+    work_queue.pop();
+    auto& left_sym = symbols[bigram.left];
+    auto& right_sym = symbols[bigram.right];
+    if (left_sym.n == 0 || right_sym.n == 0 || left_sym.n + right_sym.n != bigram.size) continue;
+    left_sym.n += right_sym.n;
+    right_sym.n = 0;
+    left_sym.next = right_sym.next;
+    if (right_sym.next >= 0) symbols[right_sym.next].prev = bigram.left;
+    try_add_bigram(left_sym.prev, bigram.left);
+    try_add_bigram(bigram.left, left_sym.next);
+  }
+
+  std::function<void(const Symbol&)> resegment = [&](const Symbol& symbol) {
+    const std::string_view s(symbol.text, symbol.n);
+    const TokenId token = text_to_token(s);
+    if (token >= 0) {
+      output.push_back(token);
+      return;
+    }
+    const auto p = rev_merge.find(s);
+    if (p == rev_merge.end()) {
+      for (size_t j = 0; j < symbol.n; ++j)
+        output.push_back(byte_to_token(static_cast<uint8_t>(symbol.text[j])));
+      return;
+    }
+    resegment(symbols[p->second.first]);
+    resegment(symbols[p->second.second]);
+  };
+  if (symbols.empty()) return;
+  for (int i = 0; i != -1; i = symbols[i].next) resegment(symbols[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// BPE (llama.cpp's llm_tokenizer_bpe_session)
+
+int TokenizerImpl::bpe_rank(std::string_view left, std::string_view right,
+                            std::string& scratch) const {
+  scratch.assign(left);
+  scratch += ' ';
+  scratch += right;
+  const int32_t i = merge_rank.find(scratch);
+  if (i < 0) return -1;
+  // The stored merge splits at its first space after position 0; it must split where we do.
+  if (merges[i].find(' ', 1) != left.size()) return -1;
+  return i;
+}
+
+void TokenizerImpl::bpe_tokenize(std::string_view text, std::vector<TokenId>& output) const {
+  const std::vector<std::string> words = pretok->split(text);
+  std::vector<Symbol> symbols_final;
+  std::vector<Symbol> symbols;
+  std::string scratch;
+  int final_prev_index = -1;
+
+  for (const auto& word : words) {
+    std::priority_queue<BpeBigram, std::vector<BpeBigram>, BpeCmp> work_queue;
+    symbols.clear();
+    int index = 0;
+    size_t offset = 0;
+    if (ignore_merges && text_to_token(word) >= 0) {
+      symbols.push_back(Symbol{-1, -1, word.data(), word.size()});
+      offset = word.size();
+    }
+    while (offset < word.size()) {
+      Symbol sym;
+      const size_t char_len = std::min(word.size() - offset, unicode::len_utf8(word[offset]));
+      sym.text = word.data() + offset;
+      sym.n = char_len;
+      offset += sym.n;
+      sym.prev = index - 1;
+      sym.next = offset == word.size() ? -1 : index + 1;
+      index++;
+      symbols.push_back(sym);
+    }
+
+    auto add_new_bigram = [&](int left, int right) {
+      if (left == -1 || right == -1) return;
+      const std::string_view lt(symbols[left].text, symbols[left].n);
+      const std::string_view rt(symbols[right].text, symbols[right].n);
+      const int rank = bpe_rank(lt, rt, scratch);
+      if (rank < 0) return;
+      BpeBigram b;
+      b.left = left;
+      b.right = right;
+      b.text.assign(lt);
+      b.text += rt;
+      b.size = lt.size() + rt.size();
+      b.rank = rank;
+      work_queue.push(std::move(b));
+    };
+
+    for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_new_bigram(i - 1, i);
+
+    while (!work_queue.empty()) {
+      const BpeBigram bigram = work_queue.top();
+      work_queue.pop();
+      auto& left_symbol = symbols[bigram.left];
+      auto& right_symbol = symbols[bigram.right];
+      if (left_symbol.n == 0 || right_symbol.n == 0) continue;
+      const std::string_view lt(left_symbol.text, left_symbol.n);
+      const std::string_view rt(right_symbol.text, right_symbol.n);
+      if (lt.size() + rt.size() != bigram.text.size() ||
+          bigram.text.compare(0, lt.size(), lt) != 0 ||
+          bigram.text.compare(lt.size(), rt.size(), rt) != 0)
+        continue;  // outdated
+      left_symbol.n += right_symbol.n;
+      right_symbol.n = 0;
+      left_symbol.next = right_symbol.next;
+      if (right_symbol.next >= 0) symbols[right_symbol.next].prev = bigram.left;
+      add_new_bigram(left_symbol.prev, bigram.left);
+      add_new_bigram(bigram.left, left_symbol.next);
+    }
+
+    for (auto& sym : symbols) {
+      if (sym.n > 0) {
+        sym.prev = final_prev_index;
+        sym.next = -1;
+        if (final_prev_index != -1)
+          symbols_final[final_prev_index].next = static_cast<int>(symbols_final.size());
+        symbols_final.push_back(sym);
+        final_prev_index = static_cast<int>(symbols_final.size()) - 1;
+      }
+    }
+  }
+
+  if (symbols_final.empty()) return;
+  for (int i = 0; i != -1; i = symbols_final[i].next) {
+    const auto& symbol = symbols_final[i];
+    if (symbol.n == 0) continue;
+    const std::string_view str(symbol.text, symbol.n);
+    const TokenId token = text_to_token(str);
+    if (token < 0) {
+      for (char c : str) {
+        const TokenId t = text_to_token(std::string_view(&c, 1));
+        if (t >= 0) output.push_back(t);
+      }
+    } else {
+      output.push_back(token);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pieces
+
+std::string TokenizerImpl::piece(TokenId id, bool special, int lstrip) const {
+  if (id < 0 || static_cast<size_t>(id) >= texts.size()) return {};
+  const uint32_t attr = attrs[id];
+  constexpr uint32_t kSpecial = kAttrUnknown | kAttrControl;
+  if (!special && (attr & kSpecial)) return {};
+  std::string r;
+  const std::string_view text = texts[id];
+  if (attr & (kSpecial | kAttrUserDefined)) {
+    r.assign(text);
+  } else if (attr & kAttrNormal) {
+    if (kind == Kind::SPM) {
+      r.assign(text);
+      unescape_whitespace(r);
+    } else {
+      const std::vector<uint32_t> cpts = unicode::cpts_from_utf8(text);
+      std::string utf8;
+      for (uint32_t c : cpts) {
+        const int b = unicode::utf8_cpt_to_byte(c);
+        if (b >= 0) {
+          r += static_cast<char>(b);
+        } else {
+          utf8.clear();
+          unicode::append_utf8(utf8, c);
+          r += "[UNK_BYTE_0x";
+          char hx[3];
+          for (char ch : utf8) {
+            std::snprintf(hx, sizeof hx, "%02x", static_cast<uint8_t>(ch));
+            r += hx;
+          }
+          r.append(text);
+          r += "]";
+        }
+      }
+    }
+  } else if ((attr & kAttrByte) && kind == Kind::SPM) {
+    // strtol(text + 3, nullptr, 16) on "<0xXX>"
+    unsigned v = 0;
+    for (size_t i = 3; i < text.size(); ++i) {
+      const char c = text[i];
+      int d;
+      if (c >= '0' && c <= '9')
+        d = c - '0';
+      else if (c >= 'a' && c <= 'f')
+        d = c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        d = c - 'A' + 10;
+      else
+        break;
+      v = v * 16 + d;
+    }
+    r.push_back(static_cast<char>(v));
+  }
+  size_t skip = 0;
+  while (static_cast<int>(skip) < lstrip && skip < r.size() && r[skip] == ' ') ++skip;
+  if (skip) r.erase(0, skip);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+namespace {
+
+std::optional<TokenId> read_id(const GgufFile& f, std::string_view key) {
+  const auto v = f.get_u64_opt(key);
+  if (!v) return std::nullopt;
+  if (*v > static_cast<uint64_t>(INT32_MAX)) return std::nullopt;
+  return static_cast<TokenId>(*v);
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer() : impl_(std::make_unique<TokenizerImpl>()) {}
+Tokenizer::~Tokenizer() = default;
+
+std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
+  std::unique_ptr<Tokenizer> tok(new Tokenizer());
+  TokenizerImpl& v = *tok->impl_;
+  const std::string where = " in " + f.path();
+
+  const auto model = f.get_string_opt("tokenizer.ggml.model");
+  if (!model) throw Error("tokenizer: missing key tokenizer.ggml.model" + where);
+  v.model.assign(*model);
+  v.pre.assign(f.get_string_opt("tokenizer.ggml.pre").value_or(""));
+
+  if (v.model == "llama") {
+    v.kind = TokenizerImpl::Kind::SPM;
+    v.bos = 1;
+    v.eos = 2;
+    v.unk = 0;
+    v.add_space_prefix = true;
+    v.add_bos = true;
+    v.add_eos = false;
+    v.clean_spaces = false;
+  } else if (v.model == "gpt2") {
+    v.kind = TokenizerImpl::Kind::BPE;
+    v.bos = 11;
+    v.eos = 11;
+    v.unk = -1;
+    v.add_space_prefix = false;
+    v.clean_spaces = true;
+    v.pre_type = pre_type_from_name(v.pre);
+    if (v.pre_type == PreType::LLAMA3) {
+      v.ignore_merges = true;
+      v.add_bos = true;
+    } else if (v.pre_type == PreType::QWEN2) {
+      v.clean_spaces = false;
+    }
+    if (!f.has("tokenizer.ggml.merges"))
+      throw Error("tokenizer: missing key tokenizer.ggml.merges (required for gpt2 vocab)" + where);
+    const auto& merges = f.get_string_array("tokenizer.ggml.merges");
+    size_t total = 0;
+    for (auto m : merges) total += m.size();
+    v.merge_arena.reserve(total);
+    for (auto m : merges) v.merge_arena.append(m);
+    v.merges.reserve(merges.size());
+    v.merge_rank.reserve(merges.size());
+    size_t off = 0;
+    for (size_t i = 0; i < merges.size(); ++i) {
+      const std::string_view m(v.merge_arena.data() + off, merges[i].size());
+      off += m.size();
+      v.merges.push_back(m);
+      const size_t sp = m.find(' ', 1);
+      if (sp == std::string_view::npos) continue;  // llama.cpp stores ("", ""): never matches
+      v.merge_rank.insert(m, static_cast<int32_t>(i), /*overwrite=*/false);
+    }
+    v.pretok = std::make_unique<PreTokenizer>(v.pre_type);
+  } else {
+    throw Error("tokenizer: unsupported tokenizer.ggml.model '" + v.model + "'" + where +
+                " (supported: llama, gpt2)");
+  }
+  if (auto b = f.find("tokenizer.ggml.add_space_prefix")) {
+    (void)b;
+    v.add_space_prefix = f.get_bool_or("tokenizer.ggml.add_space_prefix", v.add_space_prefix);
+  }
+
+  // Tokens, scores, types.
+  if (!f.has("tokenizer.ggml.tokens"))
+    throw Error("tokenizer: missing key tokenizer.ggml.tokens" + where);
+  const auto& tokens = f.get_string_array("tokenizer.ggml.tokens");
+  const size_t n = tokens.size();
+  if (n == 0) throw Error("tokenizer: tokenizer.ggml.tokens is empty" + where);
+  if (n > static_cast<size_t>(INT32_MAX))
+    throw Error("tokenizer: too many tokens (" + std::to_string(n) + ")" + where);
+  if (f.has("tokenizer.ggml.scores")) {
+    v.scores = f.get_f32_array("tokenizer.ggml.scores");
+    if (v.scores.size() < n)
+      throw Error("tokenizer: tokenizer.ggml.scores has " + std::to_string(v.scores.size()) +
+                  " entries, expected " + std::to_string(n) + where);
+    v.scores.resize(n);
+  }
+  v.attrs.assign(n, kAttrNormal);
+  v.types.assign(n, 1);
+  if (f.has("tokenizer.ggml.token_type")) {
+    const auto types = f.get_int_array("tokenizer.ggml.token_type");
+    if (types.size() < n)
+      throw Error("tokenizer: tokenizer.ggml.token_type has " + std::to_string(types.size()) +
+                  " entries, expected " + std::to_string(n) + where);
+    for (size_t i = 0; i < n; ++i) {
+      v.attrs[i] = type_to_attr(types[i]);
+      v.types[i] = static_cast<uint8_t>(types[i] >= 0 && types[i] <= 6 ? types[i] : 0);
+    }
+  }
+  {
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i)
+      total += tokens[i].empty() ? 8 + std::to_string(i).size() : tokens[i].size();
+    v.text_arena.reserve(total);
+    std::vector<std::pair<size_t, size_t>> spans(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t start = v.text_arena.size();
+      if (tokens[i].empty()) {
+        v.text_arena += "[EMPTY_" + std::to_string(i) + "]";
+      } else {
+        v.text_arena.append(tokens[i]);
+      }
+      spans[i] = {start, v.text_arena.size() - start};
+    }
+    v.texts.resize(n);
+    v.token_to_id.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      v.texts[i] = std::string_view(v.text_arena.data() + spans[i].first, spans[i].second);
+      v.token_to_id.insert(v.texts[i], static_cast<int32_t>(i), /*overwrite=*/true);
+    }
+  }
+
+  // Special ids from metadata (out-of-range ids are ignored, as llama.cpp does).
+  const std::pair<const char*, TokenId*> keys[] = {
+      {"tokenizer.ggml.bos_token_id", &v.bos},
+      {"tokenizer.ggml.eos_token_id", &v.eos},
+      {"tokenizer.ggml.eot_token_id", &v.eot},
+      {"tokenizer.ggml.eom_token_id", &v.eom},
+      {"tokenizer.ggml.unknown_token_id", &v.unk},
+      {"tokenizer.ggml.seperator_token_id", &v.sep},
+      {"tokenizer.ggml.padding_token_id", &v.pad},
+      {"tokenizer.ggml.mask_token_id", &v.mask},
+      {"tokenizer.ggml.fim_pre_token_id", &v.fim_pre},
+      {"tokenizer.ggml.fim_suf_token_id", &v.fim_suf},
+      {"tokenizer.ggml.fim_mid_token_id", &v.fim_mid},
+      {"tokenizer.ggml.fim_pad_token_id", &v.fim_pad},
+      {"tokenizer.ggml.fim_rep_token_id", &v.fim_rep},
+      {"tokenizer.ggml.fim_sep_token_id", &v.fim_sep},
+      {"tokenizer.ggml.prefix_token_id", &v.fim_pre},
+      {"tokenizer.ggml.suffix_token_id", &v.fim_suf},
+      {"tokenizer.ggml.middle_token_id", &v.fim_mid},
+  };
+  for (const auto& [key, dst] : keys) {
+    const auto id = read_id(f, key);
+    if (id && static_cast<size_t>(*id) < n) *dst = *id;
+  }
+  for (TokenId* id : {&v.bos, &v.eos, &v.unk})
+    if (*id >= static_cast<TokenId>(n)) *id = -1;
+  v.add_bos = f.get_bool_or("tokenizer.ggml.add_bos_token", v.add_bos);
+  v.add_eos = f.get_bool_or("tokenizer.ggml.add_eos_token", v.add_eos);
+
+  // Special tokens recognised by their text (llama.cpp walks a hash map, so when several texts
+  // match, which one it takes is not specified; we prefer the order of its lists).
+  auto force_control = [&](TokenId id) { v.attrs[id] |= kAttrControl; };
+  auto detect = [&](TokenId& dst, std::initializer_list<std::string_view> names) {
+    if (dst >= 0) return;
+    for (auto name : names) {
+      const TokenId id = v.text_to_token(name);
+      if (id >= 0) {
+        dst = id;
+        force_control(id);
+        return;
+      }
+    }
+  };
+  detect(v.eot, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                 "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
+                 "<\xEF\xBD\x9C"
+                 "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                 "<end_of_utterance>"});
+  detect(v.eom, {"<|eom_id|>"});
+  detect(v.fim_pre, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xE2\x96\x81<PRE>",
+                     "<|code_prefix|>"});
+  detect(v.fim_suf, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\xE2\x96\x81<SUF>",
+                     "<|code_suffix|>"});
+  detect(v.fim_mid, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\xE2\x96\x81<MID>",
+                     "<|code_middle|>"});
+  detect(v.fim_pad, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"});
+  detect(v.fim_rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
+  detect(v.fim_sep, {"<|file_sep|>"});
+
+  // Control tokens whose text says "unused" are marked unused.
+  for (size_t i = 0; i < n; ++i)
+    if ((v.attrs[i] & kAttrControl) && v.texts[i].find("unused") != std::string_view::npos)
+      v.attrs[i] |= kAttrUnused;
+
+  std::set<TokenId> eog;
+  for (TokenId id : {v.fim_pad, v.fim_rep, v.fim_sep})
+    if (id >= 0) eog.insert(id);
+  for (std::string_view name : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
+                                "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+                                "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"}) {
+    const TokenId id = v.text_to_token(name);
+    if (id >= 0) {
+      eog.insert(id);
+      force_control(id);
+    }
+  }
+  for (std::string_view name : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}) {
+    const TokenId id = v.text_to_token(name);
+    if (id >= 0) v.attrs[id] = kAttrUserDefined;
+  }
+  for (TokenId id : {v.eos, v.eot, v.eom})
+    if (id >= 0) eog.insert(id);
+  {  // gpt-oss: "<|end|>" is not end-of-generation when "<|return|>" and "<|call|>" exist
+    const TokenId ret = v.text_to_token("<|return|>"), call = v.text_to_token("<|call|>");
+    const TokenId end = v.text_to_token("<|end|>");
+    if (ret >= 0 && call >= 0 && end >= 0 && eog.count(ret) && eog.count(call)) eog.erase(end);
+  }
+  v.eog.assign(eog.begin(), eog.end());
+
+  // Special-token cache, longest text first (std::sort like llama.cpp, so ties match g++).
+  for (size_t i = 0; i < n; ++i)
+    if (v.attrs[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown))
+      v.special_cache.push_back(static_cast<TokenId>(i));
+  std::sort(v.special_cache.begin(), v.special_cache.end(),
+            [&](TokenId a, TokenId b) { return v.texts[a].size() > v.texts[b].size(); });
+
+  // Per-model token attributes (llama.cpp sets these by general.name).
+  {
+    std::string name(f.get_string_opt("general.name").value_or(""));
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    auto set_attr = [&](std::string_view text, uint32_t a, bool on) {
+      const TokenId id = v.text_to_token(text);
+      if (id < 0) return;
+      v.attrs[id] = on ? (v.attrs[id] | a) : (v.attrs[id] & ~a);
+    };
+    if (v.pre.find("jina-v2") != std::string::npos) {
+      set_attr("<mask>", kAttrLstrip, true);
+    } else if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+      for (TokenId id : v.special_cache) v.attrs[id] |= kAttrRstrip;
+      set_attr("</s>", kAttrRstrip, true);
+      for (auto t : {"<unk>", "<s>", "<|endoftext|>"}) set_attr(t, kAttrRstrip, false);
+    }
+  }
+  return tok;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special,
+                                       bool parse_special) const {
+  const TokenizerImpl& v = *impl_;
+  std::vector<Fragment> frags;
+  if (!text.empty()) {
+    frags.push_back(Fragment{false, -1, 0, text.size()});
+    // Cheap filter: a special token can only occur if all its byte pairs occur in the text.
+    std::vector<uint64_t> pairs(65536 / 64, 0);
+    std::bitset<256> bytes;
+    for (size_t i = 0; i < text.size(); ++i) {
+      bytes.set(static_cast<uint8_t>(text[i]));
+      if (i + 1 < text.size()) {
+        const unsigned p = (static_cast<uint8_t>(text[i]) << 8) | static_cast<uint8_t>(text[i + 1]);
+        pairs[p >> 6] |= uint64_t{1} << (p & 63);
+      }
+    }
+    auto may_occur = [&](std::string_view s) {
+      if (s.size() > text.size()) return false;
+      if (s.size() == 1) return bytes.test(static_cast<uint8_t>(s[0]));
+      for (size_t i = 0; i + 1 < s.size(); ++i) {
+        const unsigned p = (static_cast<uint8_t>(s[i]) << 8) | static_cast<uint8_t>(s[i + 1]);
+        if (!(pairs[p >> 6] & (uint64_t{1} << (p & 63)))) return false;
+      }
+      return true;
+    };
+
+    std::vector<Fragment> next;
+    for (const TokenId sid : v.special_cache) {
+      const uint32_t attr = v.attrs[sid];
+      if (!parse_special && (attr & (kAttrControl | kAttrUnknown))) continue;
+      const std::string_view st = v.texts[sid];
+      if (!may_occur(st)) continue;
+      next.clear();
+      bool changed = false;
+      for (const Fragment& fr : frags) {
+        if (fr.is_token) {
+          next.push_back(fr);
+          continue;
+        }
+        size_t off = fr.off, len = fr.len;
+        while (len > 0) {
+          const size_t match = text.substr(0, off + len).find(st, off);
+          if (match == std::string_view::npos) break;
+          changed = true;
+          if (match > off) {
+            size_t left_len = match - off;
+            if (attr & kAttrLstrip)
+              while (left_len > 0 && c_isspace(text[off + left_len - 1])) --left_len;
+            if (left_len > 0) next.push_back(Fragment{false, -1, off, left_len});
+          }
+          next.push_back(Fragment{true, sid, 0, 0});
+          if (match + st.size() < off + len) {
+            size_t roff = match + st.size();
+            size_t rlen = len - ((match - off) + st.size());
+            if (attr & kAttrRstrip)
+              while (rlen > 0 && c_isspace(text[roff])) ++roff, --rlen;
+            off = roff;
+            len = rlen;
+          } else {
+            len = 0;
+          }
+        }
+        if (len > 0) next.push_back(Fragment{false, -1, off, len});
+      }
+      if (changed) frags.swap(next);
+    }
+  }
+
+  std::vector<TokenId> out;
+  if (v.kind == TokenizerImpl::Kind::SPM) {
+    bool is_prev_special = true;  // prefix with space if first token
+    if (add_special && v.add_bos && v.bos >= 0) out.push_back(v.bos);
+    std::string s;
+    for (const Fragment& fr : frags) {
+      if (!fr.is_token) {
+        s.clear();
+        if (v.add_space_prefix && is_prev_special) s = ' ';
+        s.append(text.substr(fr.off, fr.len));
+        escape_whitespace(s);
+        v.spm_tokenize(s, out);
+        is_prev_special = false;
+      } else {
+        out.push_back(fr.id);
+        is_prev_special = true;
+      }
+    }
+    if (add_special && v.add_eos && v.eos >= 0) out.push_back(v.eos);
+  } else {
+    if (add_special && v.add_bos && v.bos >= 0) out.push_back(v.bos);
+    for (const Fragment& fr : frags) {
+      if (!fr.is_token)
+        v.bpe_tokenize(text.substr(fr.off, fr.len), out);
+      else
+        out.push_back(fr.id);
+    }
+    if (add_special && v.add_eos && v.eos >= 0) out.push_back(v.eos);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+std::string Tokenizer::token_to_piece(TokenId id, bool special) const {
+  return impl_->piece(id, special, 0);
+}
+
+std::string Tokenizer::decode(std::span<const TokenId> ids, bool remove_special,
+                              bool unparse_special) const {
+  const TokenizerImpl& v = *impl_;
+  bool remove_space = v.add_space_prefix;
+  if (remove_special && v.add_bos && !ids.empty() && ids.front() == v.bos) {
+    remove_space = false;
+    ids = ids.subspan(1);
+  }
+  if (remove_special && v.add_eos && !ids.empty() && ids.back() == v.eos)
+    ids = ids.first(ids.size() - 1);
+
+  std::string text;
+  for (TokenId id : ids) {
+    text += v.piece(id, unparse_special, remove_space ? 1 : 0);
+    remove_space = false;
+  }
+  if (!v.clean_spaces || text.empty()) return text;
+
+  // llama.cpp's clean_up_tokenization_spaces, three in-place passes.
+  {  // " ?", " !", " .", " ,"
+    const size_t total1 = text.size();
+    size_t total = 1;
+    for (size_t i = 1; i < total1; ++i) {
+      const char x = text[i];
+      if (text[i - 1] == ' ' && (x == '?' || x == '!' || x == '.' || x == ','))
+        --total;  // remove space
+      text[total++] = x;
+    }
+    text.resize(total);
+  }
+  if (!text.empty()) {  // " ' " -> "'"
+    const size_t total2 = text.size();
+    size_t total = 1;
+    for (size_t i = 1; i < total2; ++i) {
+      const char x = text[i];
+      if (x == '\'' && i + 1 < total2 && text[i - 1] == ' ' && text[i + 1] == ' ') {
+        --total;           // remove prev space
+        text[++i] = '\0';  // remove next space
+      }
+      text[total++] = x;
+    }
+    text.resize(total);
+  }
+  if (!text.empty()) {  // " 's", " 'm", " 're", " 've"
+    const size_t total3 = text.size();
+    size_t total = 1;
+    for (size_t i = 1; i < total3; ++i) {
+      const char x = text[i];
+      if (text[i - 1] == ' ' && x == '\'' && i + 1 < total3) {
+        const char x1 = text[i + 1];
+        if (x1 == 't' || x1 == 'd') {
+          // keep
+        } else if (x1 == 's' || x1 == 'm') {
+          --total;
+        } else if (i + 2 < total3) {
+          const char x2 = text[i + 2];
+          if ((x1 == 'r' && x2 == 'e') || (x1 == 'v' && x2 == 'e')) --total;
+        }
+      }
+      text[total++] = x;
+    }
+    text.resize(total);
+  }
+  return text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accessors
+
+int32_t Tokenizer::n_vocab() const {
+  return static_cast<int32_t>(impl_->texts.size());
+}
+TokenId Tokenizer::bos() const {
+  return impl_->bos;
+}
+TokenId Tokenizer::eos() const {
+  return impl_->eos;
+}
+TokenId Tokenizer::eot() const {
+  return impl_->eot;
+}
+TokenId Tokenizer::unk() const {
+  return impl_->unk;
+}
+TokenId Tokenizer::pad() const {
+  return impl_->pad;
+}
+bool Tokenizer::add_bos() const {
+  return impl_->add_bos;
+}
+bool Tokenizer::add_eos() const {
+  return impl_->add_eos;
+}
+bool Tokenizer::add_space_prefix() const {
+  return impl_->add_space_prefix;
+}
+bool Tokenizer::clean_spaces() const {
+  return impl_->clean_spaces;
+}
+bool Tokenizer::is_eog(TokenId id) const {
+  return id >= 0 && std::binary_search(impl_->eog.begin(), impl_->eog.end(), id);
+}
+const std::vector<TokenId>& Tokenizer::eog_ids() const {
+  return impl_->eog;
+}
+std::string_view Tokenizer::model_name() const {
+  return impl_->model;
+}
+std::string_view Tokenizer::pre_name() const {
+  return impl_->pre;
+}
+
+std::string_view Tokenizer::token_text(TokenId id) const {
+  if (id < 0 || id >= n_vocab()) return {};
+  return impl_->texts[id];
+}
+
+TokenAttr Tokenizer::attr(TokenId id) const {
+  if (id < 0 || id >= n_vocab()) return TokenAttr::UNDEFINED;
+  const uint32_t a = impl_->attrs[id];
+  if (a & kAttrUnknown) return TokenAttr::UNKNOWN;
+  if (a & kAttrControl) return TokenAttr::CONTROL;
+  if (a & kAttrUserDefined) return TokenAttr::USER_DEFINED;
+  if (a & kAttrByte) return TokenAttr::BYTE;
+  if (a & kAttrNormal) return TokenAttr::NORMAL;
+  if (a & kAttrUnused) return TokenAttr::UNUSED;
+  return TokenAttr::UNDEFINED;
+}
+
+TokenId Tokenizer::find_token(std::string_view text) const {
+  return impl_->text_to_token(text);
+}
+
+uint64_t Tokenizer::fingerprint() const {
+  const TokenizerImpl& v = *impl_;
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](const void* data, size_t len) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < len; ++i) {
+      h ^= p[i];
+      h *= 0x100000001b3ull;
+    }
+  };
+  auto mix_u32 = [&](uint32_t x) {
+    uint8_t b[4] = {uint8_t(x), uint8_t(x >> 8), uint8_t(x >> 16), uint8_t(x >> 24)};
+    mix(b, 4);
+  };
+  mix(v.model.data(), v.model.size());
+  mix_u32(static_cast<uint32_t>(v.texts.size()));
+  for (size_t i = 0; i < v.texts.size(); ++i) {
+    mix_u32(static_cast<uint32_t>(v.texts[i].size()));
+    mix(v.texts[i].data(), v.texts[i].size());
+    mix(&v.types[i], 1);
+  }
+  for (TokenId id : {v.bos, v.eos, v.eot, v.unk, v.pad}) mix_u32(static_cast<uint32_t>(id));
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming
+
+size_t utf8_sanitize_append(std::string_view in, std::string& out, bool final) {
+  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  size_t i = 0;
+  const size_t n = in.size();
+  while (i < n) {
+    const uint8_t c = static_cast<uint8_t>(in[i]);
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    size_t need;
+    uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte (RFC 3629)
+    if (c >= 0xC2 && c <= 0xDF) {
+      need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      need = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      need = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    size_t k = 1;
+    bool bad = false;
+    for (; k <= need && i + k < n; ++k) {
+      const uint8_t d = static_cast<uint8_t>(in[i + k]);
+      const bool ok = (k == 1) ? (d >= lo && d <= hi) : (d >= 0x80 && d <= 0xBF);
+      if (!ok) {
+        bad = true;
+        break;
+      }
+    }
+    if (bad) {  // maximal invalid subpart -> one U+FFFD
+      out += kReplacement;
+      i += k;
+      continue;
+    }
+    if (k <= need) {  // ran out of input: incomplete but valid so far
+      if (!final) return n - i;
+      out += kReplacement;
+      return 0;
+    }
+    out.append(in.substr(i, need + 1));
+    i += need + 1;
+  }
+  return 0;
+}
+
+StreamDecoder::StreamDecoder(const Tokenizer& tok, bool special) : tok_(tok), special_(special) {}
+
+std::string StreamDecoder::push(TokenId id) {
+  pending_ += tok_.token_to_piece(id, special_);
+  std::string out;
+  const size_t held = utf8_sanitize_append(pending_, out, false);
+  pending_.erase(0, pending_.size() - held);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out;
+  utf8_sanitize_append(pending_, out, true);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace tandem
