@@ -76,7 +76,13 @@ void exercise(const tandem::GgufFile& f) {
     } catch (const tandem::Error&) {
     }
     try {
-      h += static_cast<uint64_t>(f.get_f64(key));
+      try {
+        const double d = f.get_f64(key);
+        uint64_t bits;
+        std::memcpy(&bits, &d, sizeof bits);
+        h += bits;
+      } catch (const tandem::Error&) {
+      }
     } catch (const tandem::Error&) {
     }
     try {
