@@ -1,0 +1,133 @@
+// Public kernel API: run-time dispatch (Highway) to the per-target code in kernels-inl.h, with
+// the scalar reference (kernels_ref.cpp) for operations that have no SIMD version yet.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/kernels.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/kernels-inl.h"
+
+#if HWY_ONCE
+#include <stdexcept>
+#include <string>
+
+#include "kernels/kernels.h"
+#include "kernels/kernels_ref.h"
+
+namespace tandem::kernels {
+
+HWY_EXPORT(MatmulRowsT);
+HWY_EXPORT(DotF32T);
+HWY_EXPORT(AxpyT);
+HWY_EXPORT(RmsNormT);
+HWY_EXPORT(TargetNameT);
+
+bool is_supported_weight_type(TensorType type) {
+  switch (type) {
+    case TensorType::F32:
+    case TensorType::F16:
+    case TensorType::BF16:
+    case TensorType::Q4_0:
+    case TensorType::Q4_1:
+    case TensorType::Q5_0:
+    case TensorType::Q5_1:
+    case TensorType::Q8_0:
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+TensorType activation_type(TensorType weight_type) {
+  switch (weight_type) {
+    case TensorType::F32:
+      return TensorType::F32;
+    case TensorType::F16:
+      return TensorType::F16;
+    case TensorType::BF16:
+      return TensorType::BF16;
+    case TensorType::Q4_0:
+    case TensorType::Q5_0:
+    case TensorType::Q8_0:
+      return TensorType::Q8_0;
+    case TensorType::Q4_1:
+    case TensorType::Q5_1:
+      return TensorType::Q8_1;
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
+      return TensorType::Q8_K;
+    default:
+      throw std::invalid_argument("tandem::kernels: no activation type for weight type " +
+                                  std::string(traits(weight_type).name));
+  }
+}
+
+void dequantize_row(TensorType type, const void* src, float* dst, int64_t n) {
+  ref::dequantize_row(type, src, dst, n);
+}
+
+void quantize_activation_row(TensorType act_type, const float* x, void* dst, int64_t n) {
+  ref::quantize_activation_row(act_type, x, dst, n);
+}
+
+float vec_dot(TensorType weight_type, int64_t n, const void* w_row, const void* act_row) {
+  float out = 0;
+  if (!HWY_DYNAMIC_DISPATCH(MatmulRowsT)(weight_type, n, w_row, 0, 1, act_row, 0, 1, &out, 1))
+    return ref::vec_dot(weight_type, n, w_row, act_row);
+  return out;
+}
+
+void matmul_rows(TensorType weight_type, int64_t k, const void* w, int64_t row_begin,
+                 int64_t row_end, const void* acts, size_t act_stride, int64_t n_act, float* y,
+                 int64_t y_stride) {
+  if (row_end <= row_begin || n_act <= 0) return;
+  if (!HWY_DYNAMIC_DISPATCH(MatmulRowsT)(weight_type, k, w, row_begin, row_end, acts, act_stride,
+                                         n_act, y, y_stride))
+    ref::matmul_rows(weight_type, k, w, row_begin, row_end, acts, act_stride, n_act, y, y_stride);
+}
+
+void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) {
+  HWY_DYNAMIC_DISPATCH(RmsNormT)(x, w, out, n, eps);
+}
+void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  ref::swiglu(gate, up, out, n);
+}
+void geglu(const float* gate, const float* up, float* out, int64_t n) {
+  ref::geglu(gate, up, out, n);
+}
+void softmax(float* x, int64_t n) {
+  ref::softmax(x, n);
+}
+float dot_f32(const float* a, const float* b, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(DotF32T)(a, b, n);
+}
+void axpy(float a, const float* x, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AxpyT)(a, x, y, n);
+}
+
+float f16_to_f32(uint16_t h) {
+  return ref::f16_to_f32(h);
+}
+uint16_t f32_to_f16(float f) {
+  return ref::f32_to_f16(f);
+}
+float bf16_to_f32(uint16_t h) {
+  return ref::bf16_to_f32(h);
+}
+uint16_t f32_to_bf16(float f) {
+  return ref::f32_to_bf16(f);
+}
+
+const char* simd_target_name() {
+  return HWY_DYNAMIC_DISPATCH(TargetNameT)();
+}
+
+}  // namespace tandem::kernels
+#endif  // HWY_ONCE

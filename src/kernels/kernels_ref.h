@@ -1,0 +1,43 @@
+// Scalar reference kernels. These follow ggml's generic (non-SIMD) C code operation by
+// operation, so dequantization is bit-exact and dot products use the same integer arithmetic
+// (results differ from ggml only by float summation order). The SIMD kernels behind
+// kernels.h are tested against these.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/tensor_type.h"
+
+namespace tandem::kernels::ref {
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);  // round to nearest even; NaN stays NaN (quiet, payload kept)
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);  // ggml_compute_fp32_to_bf16: RNE, NaN -> quiet NaN
+
+// ggml's nearest_int (round half to even through the 1.5 * 2^23 trick).
+int nearest_int(float f);
+
+// gelu_tanh in f32, written as ggml_gelu_f32 is.
+float gelu_tanh(float x);
+// ggml_table_gelu_f16: entry h = f32_to_f16(gelu_tanh(f16_to_f32(h))). Built once, thread-safe.
+const uint16_t* gelu_f16_table();
+// ggml's table GELU for one value (x <= -10 -> 0, x >= 10 -> x, else table lookup).
+float gelu_table(float x);
+
+void dequantize_row(TensorType type, const void* src, float* dst, int64_t n);
+void quantize_activation_row(TensorType act_type, const float* x, void* dst, int64_t n);
+float vec_dot(TensorType weight_type, int64_t n, const void* w_row, const void* act_row);
+void matmul_rows(TensorType weight_type, int64_t k, const void* w, int64_t row_begin,
+                 int64_t row_end, const void* acts, size_t act_stride, int64_t n_act, float* y,
+                 int64_t y_stride);
+
+void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps);
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+void geglu(const float* gate, const float* up, float* out, int64_t n);
+void softmax(float* x, int64_t n);
+float dot_f32(const float* a, const float* b, int64_t n);
+void axpy(float a, const float* x, float* y, int64_t n);
+
+}  // namespace tandem::kernels::ref

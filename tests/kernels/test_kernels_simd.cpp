@@ -1,0 +1,285 @@
+// SIMD kernels against the scalar reference, on every SIMD target compiled in.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/kernels_ref.h"
+#include "kernels/quant_blocks.h"
+#include "test_util.h"
+
+namespace tandem::kernels {
+namespace {
+
+using testing::ForEachTarget;
+using testing::RandomFloats;
+
+const std::vector<TensorType>& WeightTypes() {
+  static const std::vector<TensorType> types = {
+      TensorType::F32,  TensorType::F16,  TensorType::BF16, TensorType::Q4_0, TensorType::Q4_1,
+      TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0, TensorType::Q2_K, TensorType::Q3_K,
+      TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
+  return types;
+}
+
+bool IsQuant(TensorType t) {
+  return traits(t).is_quantized;
+}
+
+// Byte offsets of the f16 scale fields in one block: {d..., mins...}.
+struct ScaleFields {
+  std::vector<int> d;     // may be negative
+  std::vector<int> mins;  // non-negative
+};
+ScaleFields ScaleFieldsOf(TensorType t) {
+  switch (t) {
+    case TensorType::Q4_0:
+    case TensorType::Q5_0:
+    case TensorType::Q8_0:
+      return {{0}, {}};
+    case TensorType::Q4_1:
+    case TensorType::Q5_1:
+      return {{0}, {2}};
+    case TensorType::Q2_K:
+      return {{80}, {82}};
+    case TensorType::Q3_K:
+      return {{108}, {}};
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+      return {{0}, {2}};
+    case TensorType::Q6_K:
+      return {{208}, {}};
+    default:
+      return {{}, {}};
+  }
+}
+
+void PutF16(uint8_t* p, float v) {
+  const uint16_t h = f32_to_f16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Random weight rows: random bytes for quant blocks with sane scales (every bit pattern of the
+// quants is exercised), or random floats for F32/F16/BF16. `unit_scales` sets every scale to 1.
+std::vector<uint8_t> RandomWeights(std::mt19937& rng, TensorType t, int64_t rows, int64_t k,
+                                   bool unit_scales = false) {
+  const size_t rb = row_bytes(t, k);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+  if (!IsQuant(t)) {
+    const auto f = RandomFloats(rng, static_cast<size_t>(rows * k));
+    ref::quantize_activation_row(t, f.data(), w.data(), rows * k);  // F32/F16/BF16 conversion
+    return w;
+  }
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> mag(0.002f, 0.05f);
+  const ScaleFields sf = ScaleFieldsOf(t);
+  const size_t bs = traits(t).type_size;
+  for (size_t off = 0; off < w.size(); off += bs) {
+    for (int o : sf.d)
+      PutF16(&w[off + o], unit_scales ? 1.0f : (byte(rng) & 1 ? 1 : -1) * mag(rng));
+    for (int o : sf.mins) PutF16(&w[off + o], unit_scales ? 1.0f : mag(rng));
+  }
+  return w;
+}
+
+// Prepared activation rows with stride `stride` bytes.
+std::vector<uint8_t> RandomActs(std::mt19937& rng, TensorType wt, int64_t n_act, int64_t k,
+                                size_t stride) {
+  const TensorType at = activation_type(wt);
+  std::vector<uint8_t> a(stride * static_cast<size_t>(n_act), 0xCD);
+  for (int64_t r = 0; r < n_act; ++r) {
+    const auto x = RandomFloats(rng, static_cast<size_t>(k), 2.0f);
+    quantize_activation_row(at, x.data(), a.data() + r * stride, k);
+  }
+  return a;
+}
+
+// Activation rows with all scales 1 and small integer values, so every dot product is an
+// integer that f32 represents exactly, whatever the summation order.
+std::vector<uint8_t> UnitActs(std::mt19937& rng, TensorType wt, int64_t n_act, int64_t k) {
+  const TensorType at = activation_type(wt);
+  const size_t rb = row_bytes(at, k);
+  std::vector<uint8_t> a(rb * static_cast<size_t>(n_act));
+  std::uniform_int_distribution<int> q(-15, 15);
+  for (int64_t r = 0; r < n_act; ++r) {
+    uint8_t* row = a.data() + r * rb;
+    if (at == TensorType::Q8_K) {
+      auto* b = reinterpret_cast<BlockQ8_K*>(row);
+      for (int64_t i = 0; i < k / QK_K; ++i) {
+        b[i].d = 1.0f;
+        for (int j = 0; j < QK_K; ++j) b[i].qs[j] = static_cast<int8_t>(q(rng));
+        for (int g = 0; g < 16; ++g) {
+          int s = 0;
+          for (int l = 0; l < 16; ++l) s += b[i].qs[16 * g + l];
+          b[i].bsums[g] = static_cast<int16_t>(s);
+        }
+      }
+    } else if (at == TensorType::Q8_0) {
+      auto* b = reinterpret_cast<BlockQ8_0*>(row);
+      for (int64_t i = 0; i < k / 32; ++i) {
+        b[i].d = f32_to_f16(1.0f);
+        for (int j = 0; j < 32; ++j) b[i].qs[j] = static_cast<int8_t>(q(rng));
+      }
+    } else {
+      auto* b = reinterpret_cast<BlockQ8_1*>(row);
+      for (int64_t i = 0; i < k / 32; ++i) {
+        b[i].d = f32_to_f16(1.0f);
+        int s = 0;
+        for (int j = 0; j < 32; ++j) s += b[i].qs[j] = static_cast<int8_t>(q(rng));
+        b[i].s = f32_to_f16(static_cast<float>(s));
+      }
+    }
+  }
+  return a;
+}
+
+// sum_i |w_i * a_i| over the dequantized rows: the scale of the rounding error.
+double AbsDot(TensorType wt, int64_t k, const void* w, const void* a) {
+  std::vector<float> wf(static_cast<size_t>(k)), af(static_cast<size_t>(k));
+  ref::dequantize_row(wt, w, wf.data(), k);
+  ref::dequantize_row(activation_type(wt), a, af.data(), k);
+  double s = 0;
+  for (int64_t i = 0; i < k; ++i) s += std::fabs(static_cast<double>(wf[i]) * af[i]);
+  return s;
+}
+
+std::string TypeName(const ::testing::TestParamInfo<TensorType>& info) {
+  return std::string(traits(info.param).name);
+}
+
+class KernelsSimdVsRef : public ::testing::TestWithParam<TensorType> {};
+
+TEST_P(KernelsSimdVsRef, MatmulRowsAndVecDot) {
+  const TensorType wt = GetParam();
+  std::mt19937 rng(1234 + static_cast<int>(wt));
+  for (int64_t k : {256, 512, 1536}) {
+    SCOPED_TRACE("k=" + std::to_string(k));
+    const int64_t rows = 11, n_act = 6;
+    const auto w = RandomWeights(rng, wt, rows, k);
+    const size_t wrb = row_bytes(wt, k);
+    const size_t act_stride = row_bytes(activation_type(wt), k) + 40;
+    const auto a = RandomActs(rng, wt, n_act, k, act_stride);
+    const int64_t y_stride = rows + 3;
+    // Reference over all rows; SIMD over rows [1, rows) so that row_begin matters.
+    std::vector<float> y_ref(static_cast<size_t>(n_act * y_stride), -7.0f);
+    ref::matmul_rows(wt, k, w.data(), 0, rows, a.data(), act_stride, n_act, y_ref.data(), y_stride);
+    std::vector<double> tol(static_cast<size_t>(n_act * rows));
+    for (int64_t r = 0; r < n_act; ++r)
+      for (int64_t i = 0; i < rows; ++i)
+        tol[r * rows + i] = 1e-6 * std::sqrt(static_cast<double>(k)) *
+                                AbsDot(wt, k, w.data() + i * wrb, a.data() + r * act_stride) +
+                            1e-30;
+    ForEachTarget([&](const char*) {
+      std::vector<float> y(static_cast<size_t>(n_act * y_stride), -7.0f);
+      matmul_rows(wt, k, w.data(), 1, rows, a.data(), act_stride, n_act, y.data(), y_stride);
+      for (int64_t r = 0; r < n_act; ++r) {
+        EXPECT_EQ(y[r * y_stride + 0], -7.0f) << "wrote outside [row_begin, row_end)";
+        for (int64_t i = 1; i < rows; ++i)
+          EXPECT_NEAR(y[r * y_stride + i], y_ref[r * y_stride + i], tol[r * rows + i])
+              << "act " << r << " row " << i;
+        for (int64_t i = rows; i < y_stride; ++i) EXPECT_EQ(y[r * y_stride + i], -7.0f);
+      }
+      for (int64_t i = 0; i < rows; i += 5) {
+        const float d = vec_dot(wt, k, w.data() + i * wrb, a.data() + act_stride);
+        EXPECT_NEAR(d, y_ref[1 * y_stride + i], tol[1 * rows + i]) << "vec_dot row " << i;
+        EXPECT_NEAR(ref::vec_dot(wt, k, w.data() + i * wrb, a.data() + act_stride),
+                    y_ref[1 * y_stride + i], 0.0);
+      }
+    });
+  }
+}
+
+// Reference vec_dot equals the f64 dot of the dequantized rows (checks the reference itself).
+TEST_P(KernelsSimdVsRef, ReferenceDotMatchesDequantized) {
+  const TensorType wt = GetParam();
+  std::mt19937 rng(99 + static_cast<int>(wt));
+  const int64_t k = 512;
+  const auto w = RandomWeights(rng, wt, 1, k);
+  const auto a = RandomActs(rng, wt, 1, k, row_bytes(activation_type(wt), k));
+  std::vector<float> wf(k), af(k);
+  ref::dequantize_row(wt, w.data(), wf.data(), k);
+  ref::dequantize_row(activation_type(wt), a.data(), af.data(), k);
+  double exact = 0, abs = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    exact += static_cast<double>(wf[i]) * af[i];
+    abs += std::fabs(static_cast<double>(wf[i]) * af[i]);
+  }
+  // Q4_1/Q5_1 use the f16-rounded s = d * sum(q) of q8_1, which dequantization does not see.
+  const double tol = (wt == TensorType::Q4_1 || wt == TensorType::Q5_1) ? 2e-3 * abs : 1e-5 * abs;
+  EXPECT_NEAR(ref::vec_dot(wt, k, w.data(), a.data()), exact, tol);
+}
+
+TEST_P(KernelsSimdVsRef, ExactWithUnitScales) {
+  const TensorType wt = GetParam();
+  if (!IsQuant(wt)) GTEST_SKIP() << "integer path only";
+  std::mt19937 rng(7 + static_cast<int>(wt));
+  const int64_t k = 1024, rows = 9, n_act = 5;
+  const auto w = RandomWeights(rng, wt, rows, k, /*unit_scales=*/true);
+  const auto a = UnitActs(rng, wt, n_act, k);
+  const size_t act_stride = row_bytes(activation_type(wt), k);
+  std::vector<float> y_ref(static_cast<size_t>(n_act * rows));
+  ref::matmul_rows(wt, k, w.data(), 0, rows, a.data(), act_stride, n_act, y_ref.data(), rows);
+  for (float v : y_ref) ASSERT_EQ(v, std::nearbyint(v));
+  ForEachTarget([&](const char*) {
+    std::vector<float> y(static_cast<size_t>(n_act * rows));
+    matmul_rows(wt, k, w.data(), 0, rows, a.data(), act_stride, n_act, y.data(), rows);
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], y_ref[i]) << i;
+  });
+}
+
+// Many activation rows (more than one activation tile for large k) and a row count that is not
+// a multiple of the 4-row weight tile.
+TEST_P(KernelsSimdVsRef, LargeTiles) {
+  const TensorType wt = GetParam();
+  std::mt19937 rng(31 + static_cast<int>(wt));
+  const int64_t k = 4096, rows = 7, n_act = 70;
+  const auto w = RandomWeights(rng, wt, rows, k);
+  const size_t act_stride = row_bytes(activation_type(wt), k);
+  const auto a = RandomActs(rng, wt, n_act, k, act_stride);
+  std::vector<float> y_ref(static_cast<size_t>(n_act * rows));
+  ref::matmul_rows(wt, k, w.data(), 0, rows, a.data(), act_stride, n_act, y_ref.data(), rows);
+  std::vector<float> y(y_ref.size());
+  matmul_rows(wt, k, w.data(), 0, rows, a.data(), act_stride, n_act, y.data(), rows);
+  const size_t wrb = row_bytes(wt, k);
+  for (int64_t r = 0; r < n_act; ++r)
+    for (int64_t i = 0; i < rows; ++i)
+      EXPECT_NEAR(y[r * rows + i], y_ref[r * rows + i],
+                  1e-6 * 64 * AbsDot(wt, k, w.data() + i * wrb, a.data() + r * act_stride))
+          << r << " " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, KernelsSimdVsRef, ::testing::ValuesIn(WeightTypes()), TypeName);
+
+TEST(KernelsSimdF32, DotAxpyRmsNorm) {
+  std::mt19937 rng(5);
+  for (int64_t n : {1, 7, 64, 257, 1000, 4096}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const auto a = RandomFloats(rng, n), b = RandomFloats(rng, n), w = RandomFloats(rng, n);
+    double abs = 0;
+    for (int64_t i = 0; i < n; ++i) abs += std::fabs(static_cast<double>(a[i]) * b[i]);
+    const float d_ref = ref::dot_f32(a.data(), b.data(), n);
+    std::vector<float> y_ref = b;
+    ref::axpy(0.37f, a.data(), y_ref.data(), n);
+    std::vector<float> rn_ref(n);
+    ref::rms_norm(a.data(), w.data(), rn_ref.data(), n, 1e-6f);
+    ForEachTarget([&](const char*) {
+      EXPECT_NEAR(dot_f32(a.data(), b.data(), n), d_ref, 1e-6 * std::sqrt(double(n)) * abs);
+      std::vector<float> y = b;
+      axpy(0.37f, a.data(), y.data(), n);
+      for (int64_t i = 0; i < n; ++i)
+        EXPECT_NEAR(y[i], y_ref[i], 1e-6f * (1 + std::fabs(y_ref[i])));
+      std::vector<float> rn(n);
+      rms_norm(a.data(), w.data(), rn.data(), n, 1e-6f);
+      // The f64 sum of f32 squares only changes order: the scale is (almost always) identical.
+      for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(rn[i], rn_ref[i], 1e-6f * std::fabs(rn_ref[i]));
+    });
+  }
+}
+
+}  // namespace
+}  // namespace tandem::kernels
