@@ -20,38 +20,77 @@ namespace tandem {
 // ---------------------------------------------------------------------------------------------
 // StrMap
 
-void StrMap::reserve(size_t n) {
+namespace {
+uint32_t hash_sv(std::string_view s) {
+  // 64-bit FNV-1a folded to 32 bits: token texts are short, so this beats a block hash.
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return static_cast<uint32_t>(h ^ (h >> 32));
+}
+}  // namespace
+
+void StrMap::build(const std::vector<std::string_view>* keys, size_t expected) {
+  keys_ = keys;
   size_t cap = 16;
-  while (cap < n * 2) cap <<= 1;
+  while (cap < expected * 2) cap <<= 1;
   slots_.assign(cap, Slot{});
   mask_ = cap - 1;
   size_ = 0;
 }
 
-void StrMap::insert(std::string_view key, int32_t value, bool overwrite) {
+uint32_t StrMap::hash_of(int32_t index) const {
+  return hash_sv((*keys_)[index]);
+}
+
+void StrMap::insert_hashed(int32_t index, uint32_t h, bool overwrite) {
   if ((size_ + 1) * 2 > slots_.size()) {
     std::vector<Slot> old = std::move(slots_);
-    reserve(std::max<size_t>(16, (size_ + 1) * 2));
-    for (const auto& s : old)
-      if (s.value >= 0) insert(s.key, s.value, true);
+    const size_t n = size_;
+    build(keys_, std::max<size_t>(16, (n + 1) * 2));
+    for (const auto& s : old) {
+      if (s.value < 0) continue;
+      size_t i = s.hash & mask_;
+      while (slots_[i].value >= 0) i = (i + 1) & mask_;
+      slots_[i] = s;
+      ++size_;
+    }
   }
-  size_t i = std::hash<std::string_view>{}(key)&mask_;
+  const std::string_view key = (*keys_)[index];
+  size_t i = h & mask_;
   while (slots_[i].value >= 0) {
-    if (slots_[i].key == key) {
-      if (overwrite) slots_[i].value = value;
+    if (slots_[i].hash == h && (*keys_)[slots_[i].value] == key) {
+      if (overwrite) slots_[i].value = index;
       return;
     }
     i = (i + 1) & mask_;
   }
-  slots_[i] = Slot{key, value};
+  slots_[i] = Slot{h, index};
   ++size_;
+}
+
+void StrMap::build_all(const std::vector<std::string_view>* keys, bool overwrite,
+                       const std::vector<uint8_t>* skip) {
+  const size_t n = keys->size();
+  build(keys, n);
+  std::vector<uint32_t> hashes(n);
+  for (size_t i = 0; i < n; ++i) hashes[i] = hash_sv((*keys)[i]);
+  constexpr size_t kAhead = 16;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(&slots_[hashes[i + kAhead] & mask_]);
+    if (skip && (*skip)[i]) continue;
+    insert_hashed(static_cast<int32_t>(i), hashes[i], overwrite);
+  }
 }
 
 int32_t StrMap::find(std::string_view key) const {
   if (slots_.empty()) return -1;
-  size_t i = std::hash<std::string_view>{}(key)&mask_;
+  const uint32_t h = hash_sv(key);
+  size_t i = h & mask_;
   while (slots_[i].value >= 0) {
-    if (slots_[i].key == key) return slots_[i].value;
+    if (slots_[i].hash == h && (*keys_)[slots_[i].value] == key) return slots_[i].value;
     i = (i + 1) & mask_;
   }
   return -1;
@@ -463,16 +502,17 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     v.merge_arena.reserve(total);
     for (auto m : merges) v.merge_arena.append(m);
     v.merges.reserve(merges.size());
-    v.merge_rank.reserve(merges.size());
     size_t off = 0;
     for (size_t i = 0; i < merges.size(); ++i) {
       const std::string_view m(v.merge_arena.data() + off, merges[i].size());
       off += m.size();
       v.merges.push_back(m);
-      const size_t sp = m.find(' ', 1);
-      if (sp == std::string_view::npos) continue;  // llama.cpp stores ("", ""): never matches
-      v.merge_rank.insert(m, static_cast<int32_t>(i), /*overwrite=*/false);
     }
+    // Without a space llama.cpp stores the pair ("", ""), which never matches: skip those.
+    std::vector<uint8_t> skip(v.merges.size());
+    for (size_t i = 0; i < v.merges.size(); ++i)
+      skip[i] = v.merges[i].find(' ', 1) == std::string_view::npos;
+    v.merge_rank.build_all(&v.merges, /*overwrite=*/false, &skip);
     v.pretok = std::make_unique<PreTokenizer>(v.pre_type);
   } else {
     throw Error("tokenizer: unsupported tokenizer.ggml.model '" + v.model + "'" + where +
@@ -526,11 +566,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
       spans[i] = {start, v.text_arena.size() - start};
     }
     v.texts.resize(n);
-    v.token_to_id.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n; ++i)
       v.texts[i] = std::string_view(v.text_arena.data() + spans[i].first, spans[i].second);
-      v.token_to_id.insert(v.texts[i], static_cast<int32_t>(i), /*overwrite=*/true);
-    }
+    v.token_to_id.build_all(&v.texts, /*overwrite=*/true);
   }
 
   // Special ids from metadata (out-of-range ids are ignored, as llama.cpp does).

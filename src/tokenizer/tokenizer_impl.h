@@ -27,20 +27,29 @@ enum : uint32_t {
   kAttrSingleWord = 1u << 9,
 };
 
-// Open-addressing hash map from string_view keys (owned elsewhere) to int32 values.
+// Open-addressing hash map from keys[i] (string_views owned elsewhere) to i. Slots hold a
+// 32-bit hash and the index, so probing touches 8 bytes per slot.
 class StrMap {
  public:
-  void reserve(size_t n);
-  // Inserts or overwrites (overwrite=true) / keeps the first value (overwrite=false).
-  void insert(std::string_view key, int32_t value, bool overwrite);
+  // keys must outlive the map and not move.
+  void build(const std::vector<std::string_view>* keys, size_t expected);
+  // Maps (*keys)[index] to index; when the key is already present, overwrite decides whether
+  // the new index replaces the old one (last wins) or is dropped (first wins).
+  void insert(int32_t index, bool overwrite) { insert_hashed(index, hash_of(index), overwrite); }
+  // build() and insert every key in index order (prefetching ahead; same result as a loop).
+  void build_all(const std::vector<std::string_view>* keys, bool overwrite,
+                 const std::vector<uint8_t>* skip = nullptr);
   int32_t find(std::string_view key) const;  // -1 when absent
   size_t size() const { return size_; }
 
  private:
+  uint32_t hash_of(int32_t index) const;
+  void insert_hashed(int32_t index, uint32_t h, bool overwrite);
   struct Slot {
-    std::string_view key;
+    uint32_t hash = 0;
     int32_t value = -1;
   };
+  const std::vector<std::string_view>* keys_ = nullptr;
   std::vector<Slot> slots_;
   size_t mask_ = 0;
   size_t size_ = 0;
