@@ -33,7 +33,8 @@ Bytes one_tensor_file(uint64_t offset = 0, uint32_t type = 0, std::vector<uint64
 }
 
 TEST(GgufHostile, BaseFileIsValid) {
-  const auto f = parse(one_tensor_file().bytes());
+  const Bytes b = one_tensor_file();  // the parsed file views into b
+  const auto f = parse(b.bytes());
   ASSERT_EQ(f->tensors().size(), 1u);
   EXPECT_EQ(f->tensors()[0].nbytes, 32u);
   EXPECT_EQ(f->data_offset() % 32, 0u);
@@ -126,7 +127,8 @@ Bytes nested(int levels) {
 }
 
 TEST(GgufHostile, NestedArrays) {
-  const auto f = parse(nested(8).bytes());
+  const Bytes b = nested(8);  // the parsed file views into b
+  const auto f = parse(b.bytes());
   const GgufValue* v = f->find("k");
   ASSERT_NE(v, nullptr);
   for (int i = 1; i < 8; ++i) {
