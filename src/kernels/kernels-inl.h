@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/tensor_type.h"
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/kernels.h"
 #include "kernels/kernels_ref.h"
@@ -119,7 +120,7 @@ void Unpack32(const void* src, int64_t nb, const StagedInt& st) {
       const hn::Rebind<int8_t, DI16s> di8;
       for (size_t j = 0; j < 32; j += N)
         StoreI16(hn::PromoteTo(di, hn::LoadU(di8, b->qs + j)), q + j);
-      st.d[i] = ref::f16_to_f32(b->d);
+      st.d[i] = fp16_to_fp32(b->d);
     } else if constexpr (T == TensorType::Q4_0 || T == TensorType::Q4_1) {
       using B = std::conditional_t<T == TensorType::Q4_0, BlockQ4_0, BlockQ4_1>;
       const B* b = static_cast<const B*>(src) + i;
@@ -129,8 +130,8 @@ void Unpack32(const void* src, int64_t nb, const StagedInt& st) {
         StoreI16(hn::Sub(hn::BitCast(di, hn::And(v, k0F)), off), q + j);
         StoreI16(hn::Sub(hn::BitCast(di, hn::ShiftRight<4>(v)), off), q + 16 + j);
       }
-      st.d[i] = ref::f16_to_f32(b->d);
-      if constexpr (T == TensorType::Q4_1) st.m[i] = ref::f16_to_f32(b->m);
+      st.d[i] = fp16_to_fp32(b->d);
+      if constexpr (T == TensorType::Q4_1) st.m[i] = fp16_to_fp32(b->m);
     } else {  // Q5_0 / Q5_1
       using B = std::conditional_t<T == TensorType::Q5_0, BlockQ5_0, BlockQ5_1>;
       const B* b = static_cast<const B*>(src) + i;
@@ -147,8 +148,8 @@ void Unpack32(const void* src, int64_t nb, const StagedInt& st) {
         StoreI16(hn::Sub(hn::BitCast(di, lo), off), q + j);
         StoreI16(hn::Sub(hn::BitCast(di, hi), off), q + 16 + j);
       }
-      st.d[i] = ref::f16_to_f32(b->d);
-      if constexpr (T == TensorType::Q5_1) st.m[i] = ref::f16_to_f32(b->m);
+      st.d[i] = fp16_to_fp32(b->d);
+      if constexpr (T == TensorType::Q5_1) st.m[i] = fp16_to_fp32(b->m);
     }
   }
 }
@@ -188,8 +189,8 @@ void UnpackK(const void* src, int64_t nb, const StagedInt& st) {
         }
       }
       for (int g = 0; g < 16; ++g) mn[g] = static_cast<int16_t>(m[g / 2]);
-      st.d[i] = ref::f16_to_f32(b->d);
-      st.dmin[i] = ref::f16_to_f32(b->dmin);
+      st.d[i] = fp16_to_fp32(b->d);
+      st.dmin[i] = fp16_to_fp32(b->dmin);
     } else if constexpr (T == TensorType::Q6_K) {
       const auto* b = static_cast<const BlockQ6_K*>(src) + i;
       const auto k32 = hn::Set(di, 32);
@@ -215,7 +216,7 @@ void UnpackK(const void* src, int64_t nb, const StagedInt& st) {
           StoreI16(hn::Mul(hn::Sub(hn::BitCast(di, q4), k32), hn::Set(di, sc[is + 6])), o + 96);
         }
       }
-      st.d[i] = ref::f16_to_f32(b->d);
+      st.d[i] = fp16_to_fp32(b->d);
     } else if constexpr (T == TensorType::Q3_K) {
       const auto* b = static_cast<const BlockQ3_K*>(src) + i;
       int8_t sc[16];
@@ -245,7 +246,7 @@ void UnpackK(const void* src, int64_t nb, const StagedInt& st) {
                      q + 128 * h + 32 * j + l);
           }
         }
-      st.d[i] = ref::f16_to_f32(b->d);
+      st.d[i] = fp16_to_fp32(b->d);
     } else {  // Q2_K
       const auto* b = static_cast<const BlockQ2_K*>(src) + i;
       for (int h = 0; h < 2; ++h)
@@ -259,8 +260,8 @@ void UnpackK(const void* src, int64_t nb, const StagedInt& st) {
           }
         }
       for (int g = 0; g < 16; ++g) mn[g] = static_cast<int16_t>(b->scales[g] >> 4);
-      st.d[i] = ref::f16_to_f32(b->d);
-      st.dmin[i] = ref::f16_to_f32(b->dmin);
+      st.d[i] = fp16_to_fp32(b->d);
+      st.dmin[i] = fp16_to_fp32(b->dmin);
     }
   }
 }
@@ -310,15 +311,15 @@ void StageActivation(TensorType act, const void* src, int64_t k, const StagedInt
     for (int64_t i = 0; i < k / 32; ++i) {
       for (size_t j = 0; j < 32; j += N)
         hn::StoreU(hn::PromoteTo(d16, hn::LoadU(d8, b[i].qs + j)), d16, st.q + i * 32 + j);
-      st.d[i] = ref::f16_to_f32(b[i].d);
+      st.d[i] = fp16_to_fp32(b[i].d);
     }
   } else {  // Q8_1
     const auto* b = static_cast<const BlockQ8_1*>(src);
     for (int64_t i = 0; i < k / 32; ++i) {
       for (size_t j = 0; j < 32; j += N)
         hn::StoreU(hn::PromoteTo(d16, hn::LoadU(d8, b[i].qs + j)), d16, st.q + i * 32 + j);
-      st.d[i] = ref::f16_to_f32(b[i].d);
-      st.m[i] = ref::f16_to_f32(b[i].s);
+      st.d[i] = fp16_to_fp32(b[i].d);
+      st.m[i] = fp16_to_fp32(b[i].s);
     }
   }
 }
@@ -396,7 +397,7 @@ void StageFloat(TensorType t, const void* src, int64_t n, float* dst) {
     for (; i + static_cast<int64_t>(N) <= n; i += N)
       hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, s + i)), df, dst + i);
     const auto* h = static_cast<const uint16_t*>(src);
-    for (; i < n; ++i) dst[i] = ref::f16_to_f32(h[i]);
+    for (; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
   } else if (t == TensorType::BF16) {
     const hn::Rebind<hwy::bfloat16_t, decltype(df)> dh;
     const auto* s = static_cast<const hwy::bfloat16_t*>(src);
@@ -440,6 +441,7 @@ HWY_INLINE void DotF32Multi(int64_t n, const float* const* w, const float* a, fl
 struct Scratch {
   std::vector<int16_t> wq, aq, wmn, amn;
   std::vector<float> wd, ad, wdmin, wm, am, wf, af;
+  std::vector<StagedInt> ast;
 };
 inline Scratch& GetScratch() {
   static thread_local Scratch s;
@@ -483,7 +485,7 @@ void MatmulInt(TensorType wt, int64_t k, const uint8_t* w, size_t w_stride, int6
   float* wdmin = Grow(s.wdmin, static_cast<size_t>(kRowTile * nbk + 1));
   float* wm = Grow(s.wm, static_cast<size_t>(kRowTile * nb32 + 1));
 
-  std::vector<StagedInt> ast(static_cast<size_t>(ra_max));
+  StagedInt* ast = Grow(s.ast, static_cast<size_t>(ra_max));
   for (int64_t r0 = 0; r0 < n_act; r0 += ra_max) {
     const int64_t ra = std::min(ra_max, n_act - r0);
     for (int64_t r = 0; r < ra; ++r) {
@@ -504,6 +506,12 @@ void MatmulInt(TensorType wt, int64_t k, const uint8_t* w, size_t w_stride, int6
         wst[r].dmin = wdmin + r * nbk;
         wst[r].m = wm + r * nb32;
         UnpackWeights(wt, w + (i0 + r) * w_stride, k, wst[r]);
+        // Start fetching the same row of the next tile (hardware prefetchers track a handful
+        // of streams; this keeps decode closer to memory bandwidth).
+        if (i0 + kRowTile + r < row_end) {
+          const uint8_t* next = w + (i0 + kRowTile + r) * w_stride;
+          for (size_t off = 0; off < w_stride; off += 64) hwy::Prefetch(next + off);
+        }
       }
       float out[kRowTile];
       for (int64_t r = 0; r < ra; ++r) {

@@ -69,15 +69,30 @@ TensorType activation_type(TensorType weight_type) {
   }
 }
 
+namespace {
+// Rows must hold whole blocks (a K-quant row of 640 elements does not exist).
+void check_row(const char* what, TensorType type, int64_t n) {
+  const uint32_t bs = traits(type).block_size;
+  if (n < 0 || n % bs != 0)
+    throw std::invalid_argument(std::string("tandem::kernels::") + what +
+                                ": n=" + std::to_string(n) + " is not a multiple of the " +
+                                std::string(traits(type).name) + " block size " +
+                                std::to_string(bs));
+}
+}  // namespace
+
 void dequantize_row(TensorType type, const void* src, float* dst, int64_t n) {
+  check_row("dequantize_row", type, n);
   ref::dequantize_row(type, src, dst, n);
 }
 
 void quantize_activation_row(TensorType act_type, const float* x, void* dst, int64_t n) {
+  check_row("quantize_activation_row", act_type, n);
   ref::quantize_activation_row(act_type, x, dst, n);
 }
 
 float vec_dot(TensorType weight_type, int64_t n, const void* w_row, const void* act_row) {
+  check_row("vec_dot", weight_type, n);
   float out = 0;
   if (!HWY_DYNAMIC_DISPATCH(MatmulRowsT)(weight_type, n, w_row, 0, 1, act_row, 0, 1, &out, 1))
     return ref::vec_dot(weight_type, n, w_row, act_row);
@@ -87,6 +102,7 @@ float vec_dot(TensorType weight_type, int64_t n, const void* w_row, const void* 
 void matmul_rows(TensorType weight_type, int64_t k, const void* w, int64_t row_begin,
                  int64_t row_end, const void* acts, size_t act_stride, int64_t n_act, float* y,
                  int64_t y_stride) {
+  check_row("matmul_rows", weight_type, k);
   if (row_end <= row_begin || n_act <= 0) return;
   if (!HWY_DYNAMIC_DISPATCH(MatmulRowsT)(weight_type, k, w, row_begin, row_end, acts, act_stride,
                                          n_act, y, y_stride))

@@ -351,17 +351,7 @@ void quantize_q8_k(const float* x, BlockQ8_K* y, int64_t n) {
 }  // namespace
 
 float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F;
-  uint32_t mant = h & 0x3FF;
-  if (exp == 0x1F) return bits_f32(sign | 0x7F800000 | (mant << 13));
-  if (exp == 0) {
-    if (mant == 0) return bits_f32(sign);
-    // Subnormal: mant * 2^-24, exact in f32.
-    const float v = static_cast<float>(mant) * 0x1p-24f;
-    return sign ? -v : v;
-  }
-  return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+  return fp16_to_fp32(h);
 }
 
 uint16_t f32_to_f16(float f) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace tandem::kernels {
 
@@ -21,6 +22,33 @@ constexpr int K_SCALE_SIZE = 12;  // packed 6-bit scales + mins of Q4_K/Q5_K
 
 using f16_bits = uint16_t;   // IEEE binary16
 using bf16_bits = uint16_t;  // bfloat16 (top half of an f32)
+
+// Exact IEEE binary16 -> binary32 (all 65536 patterns; NaN payloads kept), branch-free so it
+// can be inlined into the kernels' block loops. Normal values are rebiased by one multiply by
+// 2^-112; subnormals are built as (0.5 + m * 2^-24) - 0.5, both exact.
+inline float fp16_to_fp32(uint16_t h) {
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  uint32_t nb = (two_w >> 4) + (0xE0u << 23);
+  float normalized;
+  std::memcpy(&normalized, &nb, 4);
+  normalized *= 0x1.0p-112f;
+  uint32_t db = (two_w >> 17) | (126u << 23);
+  float denormalized;
+  std::memcpy(&denormalized, &db, 4);
+  denormalized -= 0.5f;
+  uint32_t r;
+  if (two_w < (1u << 27)) {
+    std::memcpy(&r, &denormalized, 4);
+  } else {
+    std::memcpy(&r, &normalized, 4);
+  }
+  r |= sign;
+  float out;
+  std::memcpy(&out, &r, 4);
+  return out;
+}
 
 #pragma pack(push, 1)
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -319,6 +320,16 @@ TEST(KernelsTypes, ActivationTypes) {
   EXPECT_FALSE(is_supported_weight_type(TensorType::I32));
   EXPECT_FALSE(is_supported_weight_type(TensorType::Q8_K));
   EXPECT_NE(std::string(simd_target_name()), "");
+}
+
+TEST(KernelsTypes, RejectsPartialBlocks) {
+  std::vector<uint8_t> w(4096), a(4096);
+  float y = 0;
+  EXPECT_THROW(vec_dot(TensorType::Q4_K, 640, w.data(), a.data()), std::invalid_argument);
+  EXPECT_THROW(matmul_rows(TensorType::Q8_0, 40, w.data(), 0, 1, a.data(), 0, 1, &y, 1),
+               std::invalid_argument);
+  EXPECT_THROW(dequantize_row(TensorType::Q6_K, w.data(), &y, 16), std::invalid_argument);
+  EXPECT_NO_THROW(vec_dot(TensorType::F16, 3, w.data(), a.data()));
 }
 
 }  // namespace

@@ -1,0 +1,205 @@
+// Kernel microbenchmarks at real model shapes. Bytes/s = weight bytes streamed (plus, for the
+// baselines, the buffer read), so vec_dot/matmul throughput can be compared with the memory
+// bandwidth baseline BM_ReadSum / BM_Memcpy on the same machine.
+//
+//   ./bench_kernels --benchmark_filter='Matvec/Q4_K'
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+namespace {
+
+using tandem::TensorType;
+namespace k = tandem::kernels;
+
+constexpr size_t kBaselineBytes = size_t{256} << 20;
+
+void BM_ReadSum(benchmark::State& state) {
+  std::vector<float> buf(kBaselineBytes / 4, 1.0f);
+  for (auto _ : state) {
+    float s = 0;
+    // 8 independent accumulators so the loop is bandwidth-bound, not latency-bound.
+    float acc[8] = {};
+    for (size_t i = 0; i < buf.size(); i += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += buf[i + j];
+    for (float a : acc) s += a;
+    benchmark::DoNotOptimize(s);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kBaselineBytes);
+}
+BENCHMARK(BM_ReadSum)->Unit(benchmark::kMillisecond);
+
+void BM_Memcpy(benchmark::State& state) {
+  std::vector<uint8_t> a(kBaselineBytes, 1), b(kBaselineBytes);
+  for (auto _ : state) {
+    std::memcpy(b.data(), a.data(), a.size());
+    benchmark::DoNotOptimize(b.data());
+    benchmark::ClobberMemory();
+  }
+  // Bytes read (the same amount is written).
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kBaselineBytes);
+}
+BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
+
+struct Problem {
+  std::vector<uint8_t> w, acts;
+  size_t w_row = 0, act_row = 0;
+};
+
+Problem MakeProblem(TensorType wt, int64_t rows, int64_t kdim, int64_t n_act) {
+  Problem p;
+  std::mt19937 rng(42);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  p.w_row = tandem::row_bytes(wt, kdim);
+  p.w.resize(p.w_row * rows);
+  std::uniform_int_distribution<int> byte(0, 255);
+  if (tandem::traits(wt).is_quantized) {
+    for (auto& b : p.w) b = static_cast<uint8_t>(byte(rng));
+    // Keep the f16 scales finite: overwrite them with a small value (offsets per type).
+    const uint16_t small = k::f32_to_f16(0.01f);
+    const size_t bs = tandem::traits(wt).type_size;
+    std::vector<size_t> offs;
+    switch (wt) {
+      case TensorType::Q2_K:
+        offs = {80, 82};
+        break;
+      case TensorType::Q3_K:
+        offs = {108};
+        break;
+      case TensorType::Q6_K:
+        offs = {208};
+        break;
+      case TensorType::Q4_1:
+      case TensorType::Q5_1:
+      case TensorType::Q4_K:
+      case TensorType::Q5_K:
+        offs = {0, 2};
+        break;
+      default:
+        offs = {0};
+    }
+    for (size_t o = 0; o < p.w.size(); o += bs)
+      for (size_t f : offs) std::memcpy(&p.w[o + f], &small, 2);
+  } else {
+    std::vector<float> f(static_cast<size_t>(rows * kdim));
+    for (auto& x : f) x = nd(rng);
+    k::quantize_activation_row(wt, f.data(), p.w.data(), rows * kdim);
+  }
+  const TensorType at = k::activation_type(wt);
+  p.act_row = tandem::row_bytes(at, kdim);
+  p.acts.resize(p.act_row * n_act);
+  std::vector<float> x(static_cast<size_t>(kdim));
+  for (int64_t r = 0; r < n_act; ++r) {
+    for (auto& v : x) v = nd(rng);
+    k::quantize_activation_row(at, x.data(), p.acts.data() + r * p.act_row, kdim);
+  }
+  return p;
+}
+
+// One activation row against all weight rows (decode). Args: type, k, rows.
+void BM_Matvec(benchmark::State& state) {
+  const auto wt = static_cast<TensorType>(state.range(0));
+  const int64_t kdim = state.range(1), rows = state.range(2);
+  Problem p = MakeProblem(wt, rows, kdim, 1);
+  std::vector<float> y(static_cast<size_t>(rows));
+  for (auto _ : state) {
+    k::matmul_rows(wt, kdim, p.w.data(), 0, rows, p.acts.data(), p.act_row, 1, y.data(), rows);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.w.size()));
+  state.SetLabel(std::string(tandem::traits(wt).name) + " " + k::simd_target_name());
+}
+
+// vec_dot called row by row (what a naive caller does).
+void BM_VecDot(benchmark::State& state) {
+  const auto wt = static_cast<TensorType>(state.range(0));
+  const int64_t kdim = state.range(1), rows = state.range(2);
+  Problem p = MakeProblem(wt, rows, kdim, 1);
+  std::vector<float> y(static_cast<size_t>(rows));
+  for (auto _ : state) {
+    for (int64_t i = 0; i < rows; ++i)
+      y[i] = k::vec_dot(wt, kdim, p.w.data() + i * p.w_row, p.acts.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.w.size()));
+  state.SetLabel(std::string(tandem::traits(wt).name));
+}
+
+// Prefill: n_act activation rows. Args: type, k, rows, n_act. Reports weight bytes/s and
+// GFLOP/s-equivalent (2 * k * rows * n_act per iteration) as a counter.
+void BM_Matmul(benchmark::State& state) {
+  const auto wt = static_cast<TensorType>(state.range(0));
+  const int64_t kdim = state.range(1), rows = state.range(2), n_act = state.range(3);
+  Problem p = MakeProblem(wt, rows, kdim, n_act);
+  std::vector<float> y(static_cast<size_t>(rows * n_act));
+  for (auto _ : state) {
+    k::matmul_rows(wt, kdim, p.w.data(), 0, rows, p.acts.data(), p.act_row, n_act, y.data(), rows);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.w.size()));
+  state.counters["GMAC/s"] =
+      benchmark::Counter(static_cast<double>(kdim * rows * n_act) * state.iterations() / 1e9,
+                         benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(tandem::traits(wt).name));
+}
+
+void QuantizeActivation(benchmark::State& state) {
+  const auto at = static_cast<TensorType>(state.range(0));
+  const int64_t n = state.range(1);
+  std::vector<float> x(static_cast<size_t>(n), 0.5f);
+  std::vector<uint8_t> out(tandem::row_bytes(at, n));
+  for (auto _ : state) {
+    k::quantize_activation_row(at, x.data(), out.data(), n);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 4));
+}
+
+constexpr int64_t T(TensorType t) {
+  return static_cast<int64_t>(t);
+}
+
+void MatvecShapes(benchmark::internal::Benchmark* b) {
+  // k x rows. 32-element block types: Gemma 3 270M attn/ffn 640x2048 and 2048x640, Qwen2.5 0.5B
+  // 896x4864. K-quants need k % 256 == 0 (llama.cpp falls back to Q5_0/Q8_0 for k = 640/896):
+  // 2048x640 (ffn_down), 1024x4096, 4864x896.
+  for (TensorType t : {TensorType::Q5_0, TensorType::Q8_0, TensorType::Q4_0, TensorType::Q4_1,
+                       TensorType::Q5_1, TensorType::F16, TensorType::BF16, TensorType::F32}) {
+    b->Args({T(t), 640, 2048});
+    b->Args({T(t), 2048, 640});
+    b->Args({T(t), 896, 4864});
+  }
+  for (TensorType t :
+       {TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K, TensorType::Q3_K, TensorType::Q2_K}) {
+    b->Args({T(t), 2048, 640});
+    b->Args({T(t), 1024, 4096});
+    b->Args({T(t), 4864, 896});
+  }
+  // Gemma 3 output projection (tied Q8_0 embedding): 640 x 262144.
+  b->Args({T(TensorType::Q8_0), 640, 262144});
+}
+
+BENCHMARK(BM_Matvec)->Apply(MatvecShapes)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_VecDot)
+    ->Args({T(TensorType::Q4_K), 2048, 640})
+    ->Args({T(TensorType::Q8_0), 640, 2048})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Matmul)
+    ->Args({T(TensorType::Q4_K), 2048, 640, 512})
+    ->Args({T(TensorType::Q6_K), 2048, 640, 512})
+    ->Args({T(TensorType::Q5_0), 2048, 640, 512})
+    ->Args({T(TensorType::Q8_0), 640, 2048, 512})
+    ->Args({T(TensorType::F16), 640, 2048, 64})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(QuantizeActivation)
+    ->Args({T(TensorType::Q8_0), 2048})
+    ->Args({T(TensorType::Q8_K), 2048})
+    ->Args({T(TensorType::F16), 2048});
+
+}  // namespace
+
+BENCHMARK_MAIN();
