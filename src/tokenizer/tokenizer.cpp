@@ -178,7 +178,6 @@ struct SpmCmp {
 
 struct BpeBigram {
   int left, right;
-  std::string text;
   int rank;
   size_t size;
 };
@@ -227,10 +226,12 @@ void TokenizerImpl::spm_tokenize(const std::string& text, std::vector<TokenId>& 
 
   std::priority_queue<SpmBigram, std::vector<SpmBigram>, SpmCmp> work_queue;
   std::unordered_map<std::string_view, std::pair<int, int>> rev_merge;
+  rev_merge.reserve(symbols.size() * 2);
 
   auto try_add_bigram = [&](int left, int right) {
     if (left == -1 || right == -1) return;
     const std::string_view s(symbols[left].text, symbols[left].n + symbols[right].n);
+    if (s.size() > max_token_len) return;
     const TokenId token = text_to_token(s);
     if (token < 0 || static_cast<size_t>(token) >= texts.size()) return;
     work_queue.push(SpmBigram{left, right, scores.empty() ? 0.0f : scores[token], s.size()});
@@ -322,14 +323,7 @@ void TokenizerImpl::bpe_tokenize(std::string_view text, std::vector<TokenId>& ou
       const std::string_view rt(symbols[right].text, symbols[right].n);
       const int rank = bpe_rank(lt, rt, scratch);
       if (rank < 0) return;
-      BpeBigram b;
-      b.left = left;
-      b.right = right;
-      b.text.assign(lt);
-      b.text += rt;
-      b.size = lt.size() + rt.size();
-      b.rank = rank;
-      work_queue.push(std::move(b));
+      work_queue.push(BpeBigram{left, right, rank, lt.size() + rt.size()});
     };
 
     for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_new_bigram(i - 1, i);
@@ -340,12 +334,9 @@ void TokenizerImpl::bpe_tokenize(std::string_view text, std::vector<TokenId>& ou
       auto& left_symbol = symbols[bigram.left];
       auto& right_symbol = symbols[bigram.right];
       if (left_symbol.n == 0 || right_symbol.n == 0) continue;
-      const std::string_view lt(left_symbol.text, left_symbol.n);
-      const std::string_view rt(right_symbol.text, right_symbol.n);
-      if (lt.size() + rt.size() != bigram.text.size() ||
-          bigram.text.compare(0, lt.size(), lt) != 0 ||
-          bigram.text.compare(lt.size(), rt.size(), rt) != 0)
-        continue;  // outdated
+      // llama.cpp compares left+right with the bigram's text. Both symbols are alive, so right
+      // still directly follows left in the word and the texts are equal iff the sizes are.
+      if (left_symbol.n + right_symbol.n != bigram.size) continue;  // outdated
       left_symbol.n += right_symbol.n;
       right_symbol.n = 0;
       left_symbol.next = right_symbol.next;
@@ -566,8 +557,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
       spans[i] = {start, v.text_arena.size() - start};
     }
     v.texts.resize(n);
-    for (size_t i = 0; i < n; ++i)
+    for (size_t i = 0; i < n; ++i) {
       v.texts[i] = std::string_view(v.text_arena.data() + spans[i].first, spans[i].second);
+      v.max_token_len = std::max(v.max_token_len, v.texts[i].size());
+    }
     v.token_to_id.build_all(&v.texts, /*overwrite=*/true);
   }
 

@@ -64,6 +64,7 @@ struct TokenizerImpl {
 
   std::string text_arena;               // all token texts, back to back
   std::vector<std::string_view> texts;  // views into text_arena
+  size_t max_token_len = 0;
   std::vector<float> scores;
   std::vector<uint32_t> attrs;  // llama.cpp attribute flags
   std::vector<uint8_t> types;   // tokenizer.ggml.token_type as stored (for fingerprint)
