@@ -28,11 +28,17 @@ if [[ $(id -u) -ne 0 ]]; then
   fi
 fi
 
-# Prints the packages of "$@" that are not installed.
+# Prints the packages of "$@" that are not installed. A name without :arch means the native
+# architecture (or arch all): once arm64 is added, dpkg lists both libhwy-dev:amd64 and :arm64.
 missing_packages() {
-  local p
+  local p name arch native
+  native=$(dpkg --print-architecture)
   for p in "$@"; do
-    if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]]; then
+    name=${p%%:*}
+    arch=$native
+    [[ "$p" == *:* ]] && arch=${p#*:}
+    if ! dpkg-query -W -f='${Architecture} ${Status}\n' "$name" 2>/dev/null |
+      grep -Eq "^($arch|all) install ok installed$"; then
       echo "$p"
     fi
   done
