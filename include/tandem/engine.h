@@ -47,11 +47,17 @@ struct ModelInfo {
   uint64_t file_bytes = 0;
 };
 
+struct LoadOptions {
+  // Dequantize every weight matrix to f32 at load and compute in f32 throughout (no activation
+  // rounding). Slower and larger; reproduces an exact-f32 reference of the same weights.
+  bool dequantize_to_f32 = false;
+};
+
 class Model {
  public:
   // Memory-maps the GGUF file, reads its configuration, binds every tensor and loads the
   // tokenizer. Throws tandem::Error.
-  static std::unique_ptr<Model> load(const std::string& path);
+  static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& options = {});
   ~Model();
 
   const ModelInfo& info() const { return info_; }
@@ -67,6 +73,7 @@ class Model {
   std::unique_ptr<ModelConfig> config_;
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::vector<std::vector<float>> owned_;  // f32 copies when dequantize_to_f32
 };
 
 // One token of a batch: its id, its position in its sequence, the sequence slot, and what the
@@ -131,10 +138,10 @@ class Context {
 // ---- sampling ----
 
 struct SamplingParams {
-  float temp = 0.8f;  // <= 0: greedy
-  int top_k = 40;     // <= 0: off
-  float top_p = 0.95f;  // >= 1: off
-  float min_p = 0.05f;  // <= 0: off
+  float temp = 0.8f;            // <= 0: greedy
+  int top_k = 40;               // <= 0: off
+  float top_p = 0.95f;          // >= 1: off
+  float min_p = 0.05f;          // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off
   int repeat_last_n = 64;
   uint64_t seed = 0xFFFFFFFF;  // 0xFFFFFFFF: random seed
@@ -173,7 +180,7 @@ struct GenerateResult {
 // to n_predict tokens, stopping at an end-of-generation token. on_text receives each newly
 // complete piece of UTF-8 text as it is produced; returning false stops early.
 GenerateResult generate(Context& ctx, std::span<const TokenId> prompt, int n_predict,
-                        Sampler& sampler,
-                        const std::function<bool(std::string_view)>& on_text = {}, int seq = 0);
+                        Sampler& sampler, const std::function<bool(std::string_view)>& on_text = {},
+                        int seq = 0);
 
 }  // namespace tandem

@@ -104,8 +104,7 @@ class BenchCommand : public Command {
     j["repetitions"] = reps_;
     j["model_bytes"] = model->info().file_bytes;
     std::fprintf(stderr, "model %s (%s, %.1f MiB), %d threads\n", model_.c_str(),
-                 model->info().arch.c_str(), model->info().file_bytes / 1048576.0,
-                 ctx.n_threads());
+                 model->info().arch.c_str(), model->info().file_bytes / 1048576.0, ctx.n_threads());
     if (n_prompt_ > 0) {
       const Stats s = measure(run_pp, "pp");
       j["pp"] = {{"n", n_prompt_}, {"tok_s", s.mean}, {"sd", s.sd}, {"samples", s.samples}};

@@ -32,7 +32,8 @@ class GenerateCommand : public Command {
     sub_->add_option("--repeat-last-n", sp_.repeat_last_n, "Tokens the penalty looks back over")
         ->capture_default_str();
     sub_->add_option("-s,--seed", seed_, "RNG seed (-1: random)");
-    sub_->add_flag("--chat,-cnv", chat_, "Wrap the prompt in the model's chat template as a user turn");
+    sub_->add_flag("--chat,-cnv", chat_,
+                   "Wrap the prompt in the model's chat template as a user turn");
     sub_->add_option("--system", system_, "System message (with --chat)");
     sub_->add_flag("--no-bos", no_bos_, "Do not add BOS");
     sub_->add_flag("--parse-special", parse_special_,
@@ -89,9 +90,12 @@ class GenerateCommand : public Command {
     } else {
       std::printf("\n");
     }
-    std::fprintf(stderr, "\nprompt: %d tokens in %.1f ms (%.1f tok/s); generated %zu tokens in %.1f ms (%.1f tok/s)%s\n",
+    std::fprintf(stderr,
+                 "\nprompt: %d tokens in %.1f ms (%.1f tok/s); generated %zu tokens in %.1f ms "
+                 "(%.1f tok/s)%s\n",
                  r.n_prompt, r.prompt_ms, r.prompt_ms > 0 ? 1000.0 * r.n_prompt / r.prompt_ms : 0.0,
-                 r.ids.size(), r.gen_ms, tok_s, r.stopped_at_eog ? ", stopped at end of generation" : "");
+                 r.ids.size(), r.gen_ms, tok_s,
+                 r.stopped_at_eog ? ", stopped at end of generation" : "");
     return 0;
   }
 

@@ -292,10 +292,13 @@ void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
   for (int64_t i = 0; i < n / QK8_0; ++i) {
     float amax = 0;
     for (int j = 0; j < QK8_0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    // As ggml's x86 SIMD path computes it (the path that produced the reference vectors):
+    // scale by 127/amax and round half to even. ggml's portable _ref variant uses 1/d and rounds
+    // half away from zero, which moves whole rounding steps.
     const float d = amax / 127;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     y[i].d = f32_to_f16(d);
-    for (int j = 0; j < QK8_0; ++j) y[i].qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+    for (int j = 0; j < QK8_0; ++j) y[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
     x += QK8_0;
   }
 }
@@ -305,11 +308,11 @@ void quantize_q8_1(const float* x, BlockQ8_1* y, int64_t n) {
     float amax = 0;
     for (int j = 0; j < QK8_1; ++j) amax = std::fmax(amax, std::fabs(x[j]));
     const float d = amax / 127;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;  // x86 semantics, as for Q8_0
     y[i].d = f32_to_f16(d);
     int sum = 0;
     for (int j = 0; j < QK8_1; ++j) {
-      y[i].qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+      y[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
       sum += y[i].qs[j];
     }
     y[i].s = f32_to_f16(static_cast<float>(sum) * d);

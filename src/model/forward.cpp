@@ -174,8 +174,7 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
 
     // --- attention block ---
     for (int i = 0; i < n; ++i) {
-      kernels::rms_norm(x_.data() + i * Dz, L.attn_norm.f32(), cur_.data() + i * Dz, D,
-                        c_.rms_eps);
+      kernels::rms_norm(x_.data() + i * Dz, L.attn_norm.f32(), cur_.data() + i * Dz, D, c_.rms_eps);
     }
     matmul(L.wq, cur_.data(), n, q_.data());
     matmul(L.wk, cur_.data(), n, k_.data());
@@ -204,8 +203,8 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
         for (int d = 0; d < c_.q_dim(); ++d) q[d] *= c_.query_scale;
       }
       // Store this token's key and value at its position.
-      std::memcpy(cache.keys(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.kv_dim(),
-                  k, sizeof(float) * c_.kv_dim());
+      std::memcpy(cache.keys(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.kv_dim(), k,
+                  sizeof(float) * c_.kv_dim());
       std::memcpy(cache.values(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.v_dim(),
                   v_.data() + static_cast<size_t>(i) * c_.v_dim(), sizeof(float) * c_.v_dim());
     }
@@ -221,8 +220,7 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
 
     // --- feed-forward block ---
     for (int i = 0; i < n; ++i) {
-      kernels::rms_norm(x_.data() + i * Dz, L.ffn_norm.f32(), cur_.data() + i * Dz, D,
-                        c_.rms_eps);
+      kernels::rms_norm(x_.data() + i * Dz, L.ffn_norm.f32(), cur_.data() + i * Dz, D, c_.rms_eps);
     }
     matmul(L.ffn_gate, cur_.data(), n, gate_.data());
     matmul(L.ffn_up, cur_.data(), n, up_.data());

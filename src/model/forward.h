@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "model/kv_cache.h"
-#include "tandem/engine.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
+#include "tandem/engine.h"
 
 namespace tandem {
 

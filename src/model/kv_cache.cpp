@@ -12,8 +12,8 @@ KvCache::KvCache(int n_layer, int n_seq, int n_ctx, int kv_dim, int v_dim)
 }
 
 size_t KvCache::bytes() const {
-  return static_cast<size_t>(n_layer_) * n_seq_ * static_cast<size_t>(n_ctx_) *
-         (kv_dim_ + v_dim_) * sizeof(float);
+  return static_cast<size_t>(n_layer_) * n_seq_ * static_cast<size_t>(n_ctx_) * (kv_dim_ + v_dim_) *
+         sizeof(float);
 }
 
 }  // namespace tandem

@@ -64,7 +64,8 @@ ModelConfig base_config(const GgufFile& f, Arch arch, const std::string& arch_na
   c.n_rot = k.optional_int("rope.dimension_count", c.head_dim);
   if (c.n_rot > c.head_dim || c.n_rot % 2 != 0 || c.n_rot > 1024) {
     throw Error(f.path() + ": rope.dimension_count " + std::to_string(c.n_rot) +
-                " must be even, at most 1024 and at most the head size " + std::to_string(c.head_dim));
+                " must be even, at most 1024 and at most the head size " +
+                std::to_string(c.head_dim));
   }
   c.rms_eps = k.optional_float("attention.layer_norm_rms_epsilon", 1e-6f);
   c.rope_base = k.optional_float("rope.freq_base", 10000.0f);

@@ -39,17 +39,17 @@ struct ModelConfig {
 
   // Rotary embeddings.
   RopeStyle rope_style = RopeStyle::Norm;
-  int n_rot = 0;                    // rotated dimensions per head
-  float rope_base = 10000.0f;       // global (full attention) layers
-  float rope_base_swa = 10000.0f;   // sliding-window layers
-  float rope_freq_scale = 1.0f;     // linear scaling (1/factor), global layers only
-  bool has_rope_freqs = false;      // per-dimension divisors from rope_freqs.weight (llama3)
+  int n_rot = 0;                   // rotated dimensions per head
+  float rope_base = 10000.0f;      // global (full attention) layers
+  float rope_base_swa = 10000.0f;  // sliding-window layers
+  float rope_freq_scale = 1.0f;    // linear scaling (1/factor), global layers only
+  bool has_rope_freqs = false;     // per-dimension divisors from rope_freqs.weight (llama3)
 
   // Attention.
-  float query_scale = 1.0f;   // applied to Q after RoPE (gemma3: 1/sqrt(head_dim))
-  float kq_scale = 1.0f;      // applied to K·Q before softmax (others: 1/sqrt(head_dim))
-  int sliding_window = 0;     // 0 = none
-  std::vector<bool> layer_is_swa;  // [n_layer]
+  float query_scale = 1.0f;          // applied to Q after RoPE (gemma3: 1/sqrt(head_dim))
+  float kq_scale = 1.0f;             // applied to K·Q before softmax (others: 1/sqrt(head_dim))
+  int sliding_window = 0;            // 0 = none
+  std::vector<bool> layer_is_swa;    // [n_layer]
   float attn_logit_softcap = 0.0f;   // 0 = off
   float final_logit_softcap = 0.0f;  // 0 = off
 

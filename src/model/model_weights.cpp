@@ -30,8 +30,8 @@ class Binder {
     const int64_t found_ne1 = t->ne[1] * t->ne[2] * t->ne[3];
     if (t->ne[0] != ne0 || found_ne1 != ne1 || t->ne[2] != 1 || t->ne[3] != 1) {
       problems_ += "\n  tensor '" + name + "': expected shape [" + std::to_string(ne0) +
-                   (ne1 > 1 || matrix ? ", " + std::to_string(ne1) : std::string()) +
-                   "], found " + t->shape_string();
+                   (ne1 > 1 || matrix ? ", " + std::to_string(ne1) : std::string()) + "], found " +
+                   t->shape_string();
       return w;
     }
     if (matrix ? !kernels::is_supported_weight_type(t->type) : t->type != TensorType::F32) {
@@ -66,13 +66,39 @@ class Binder {
 
 }  // namespace
 
+void dequantize_weights(ModelWeights& w, std::vector<std::vector<float>>& storage) {
+  auto to_f32 = [&](WeightView& v) {
+    if (!v.present() || v.type == TensorType::F32) return;
+    std::vector<float> buf(static_cast<size_t>(v.ne0) * v.ne1);
+    for (int64_t r = 0; r < v.ne1; ++r) {
+      kernels::dequantize_row(v.type, v.row(r), buf.data() + r * v.ne0, v.ne0);
+    }
+    v.type = TensorType::F32;
+    v.data = reinterpret_cast<const uint8_t*>(buf.data());
+    v.row_stride = static_cast<size_t>(v.ne0) * sizeof(float);
+    storage.push_back(std::move(buf));
+  };
+  const bool tied = w.output.data == w.token_embd.data;
+  to_f32(w.token_embd);
+  if (tied) {
+    w.output = w.token_embd;
+  } else {
+    to_f32(w.output);
+  }
+  for (LayerWeights& l : w.layers) {
+    for (WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+      to_f32(*v);
+    }
+  }
+}
+
 ModelWeights bind_weights(const GgufFile& f, const ModelConfig& c) {
   Binder b(f);
   ModelWeights w;
   w.token_embd = b.matrix("token_embd.weight", Need::Required, c.n_embd, c.n_vocab);
   w.output_norm = b.bind("output_norm.weight", Need::Required, c.n_embd);
-  w.output = c.tied_output ? w.token_embd
-                           : b.matrix("output.weight", Need::Required, c.n_embd, c.n_vocab);
+  w.output =
+      c.tied_output ? w.token_embd : b.matrix("output.weight", Need::Required, c.n_embd, c.n_vocab);
   w.rope_freqs = b.bind("rope_freqs.weight", Need::Optional, c.n_rot / 2);
   const Need bias = c.has_qkv_bias ? Need::Required : Need::Optional;
   const Need qk_norm = c.has_qk_norm ? Need::Required : Need::Optional;

@@ -31,12 +31,12 @@ struct WeightView {
 };
 
 struct LayerWeights {
-  WeightView attn_norm;       // [n_embd] F32
-  WeightView wq, wk, wv, wo;  // [n_embd -> q_dim], [-> kv_dim], [-> v_dim], [out_dim -> n_embd]
-  WeightView bq, bk, bv;      // biases (qwen2)
-  WeightView q_norm, k_norm;  // [head_dim] (qwen3, gemma3)
-  WeightView post_attn_norm;  // [n_embd] (gemma3)
-  WeightView ffn_norm;        // [n_embd]
+  WeightView attn_norm;         // [n_embd] F32
+  WeightView wq, wk, wv, wo;    // [n_embd -> q_dim], [-> kv_dim], [-> v_dim], [out_dim -> n_embd]
+  WeightView bq, bk, bv;        // biases (qwen2)
+  WeightView q_norm, k_norm;    // [head_dim] (qwen3, gemma3)
+  WeightView post_attn_norm;    // [n_embd] (gemma3)
+  WeightView ffn_norm;          // [n_embd]
   WeightView ffn_gate, ffn_up;  // [n_embd -> n_ff]
   WeightView ffn_down;          // [n_ff -> n_embd]
   WeightView post_ffn_norm;     // [n_embd] (gemma3)
@@ -53,5 +53,8 @@ struct ModelWeights {
 // Binds every tensor the config needs. Throws tandem::Error listing each missing tensor, each
 // wrong shape (expected vs found) and each type the engine cannot compute with.
 ModelWeights bind_weights(const GgufFile& f, const ModelConfig& c);
+
+// Replaces every matrix with an f32 copy held in `storage` (exact dequantization).
+void dequantize_weights(ModelWeights& w, std::vector<std::vector<float>>& storage);
 
 }  // namespace tandem

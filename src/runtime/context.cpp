@@ -17,8 +17,7 @@ Context::Context(const Model& model, const ContextParams& params) : model_(model
     throw Error("context size " + std::to_string(params.n_ctx) + " is out of range 1..1048576");
   }
   if (params.n_seq < 1 || params.n_seq > 4096) {
-    throw Error("number of sequences " + std::to_string(params.n_seq) +
-                " is out of range 1..4096");
+    throw Error("number of sequences " + std::to_string(params.n_seq) + " is out of range 1..4096");
   }
   n_seq_ = params.n_seq;
   const int threads = params.n_threads > 0 ? params.n_threads : default_thread_count();
@@ -30,7 +29,9 @@ Context::Context(const Model& model, const ContextParams& params) : model_(model
 
 Context::~Context() = default;
 
-int Context::n_threads() const { return pool_->size(); }
+int Context::n_threads() const {
+  return pool_->size();
+}
 
 void Context::decode(std::span<const BatchToken> batch) {
   if (batch.empty()) throw Error("decode: the batch is empty");

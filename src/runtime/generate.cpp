@@ -16,9 +16,9 @@ GenerateResult generate(Context& ctx, std::span<const TokenId> prompt, int n_pre
   if (prompt.empty()) throw Error("generate: the prompt is empty (no tokens to start from)");
   const int start = ctx.seq_length(seq);
   if (start + static_cast<int>(prompt.size()) > ctx.n_ctx()) {
-    throw Error("generate: the prompt has " + std::to_string(prompt.size()) +
-                " tokens but only " + std::to_string(ctx.n_ctx() - start) +
-                " positions are left in the context (-c " + std::to_string(ctx.n_ctx()) + ")");
+    throw Error("generate: the prompt has " + std::to_string(prompt.size()) + " tokens but only " +
+                std::to_string(ctx.n_ctx() - start) + " positions are left in the context (-c " +
+                std::to_string(ctx.n_ctx()) + ")");
   }
   for (TokenId t : prompt) sampler.accept(t);
 

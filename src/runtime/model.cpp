@@ -10,11 +10,12 @@ namespace tandem {
 Model::Model() = default;
 Model::~Model() = default;
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
   std::unique_ptr<Model> m(new Model());
   m->file_ = GgufFile::open(path);
   m->config_ = std::make_unique<ModelConfig>(config_from_gguf(*m->file_));
   m->weights_ = std::make_unique<ModelWeights>(bind_weights(*m->file_, *m->config_));
+  if (options.dequantize_to_f32) dequantize_weights(*m->weights_, m->owned_);
   m->tokenizer_ = Tokenizer::from_gguf(*m->file_);
   const ModelConfig& c = *m->config_;
   if (m->tokenizer_->n_vocab() > c.n_vocab) {

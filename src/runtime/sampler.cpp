@@ -22,8 +22,9 @@ uint64_t next_random(uint64_t& state) {
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
   if (params.top_p < 0 || params.min_p < 0 || params.repeat_penalty <= 0 ||
       params.repeat_last_n < 0) {
-    throw Error("sampling parameters out of range: top_p and min_p must be >= 0, "
-                "repeat_penalty > 0, repeat_last_n >= 0");
+    throw Error(
+        "sampling parameters out of range: top_p and min_p must be >= 0, "
+        "repeat_penalty > 0, repeat_last_n >= 0");
   }
   reset();
 }

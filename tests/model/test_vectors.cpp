@@ -67,8 +67,6 @@ std::vector<std::string> manifest_names() {
   return names;
 }
 
-bool is_16bit(const std::string& v) { return v == "F16" || v == "BF16"; }
-
 Tolerance tolerance_for(const json& m) {
   const std::string arch = m["arch"], variant = m["variant"], mode = m["mode"];
   const bool gemma = arch == "gemma3";
@@ -208,9 +206,9 @@ TEST_P(VectorTest, MatchesLlamaCpp) {
       const TokenId ours = argmax(logits);
       ++greedy_steps;
       if (ours != greedy[k]) {
-        EXPECT_LT(margins[k], tie) << run << " seq " << s << ": greedy step " << k << " chose "
-                                   << ours << ", llama.cpp chose " << greedy[k]
-                                   << " with a margin of " << margins[k];
+        EXPECT_LT(margins[k], tie)
+            << run << " seq " << s << ": greedy step " << k << " chose " << ours
+            << ", llama.cpp chose " << greedy[k] << " with a margin of " << margins[k];
         break;
       }
       ++greedy_checked;
