@@ -22,25 +22,6 @@ volatile uint64_t g_sink;
     }                                                                               \
   } while (0)
 
-size_t elem_size(tandem::GgufValueType t) {
-  using T = tandem::GgufValueType;
-  switch (t) {
-    case T::UINT8:
-    case T::INT8:
-    case T::BOOL:
-      return 1;
-    case T::UINT16:
-    case T::INT16:
-      return 2;
-    case T::UINT32:
-    case T::INT32:
-    case T::FLOAT32:
-      return 4;
-    default:
-      return 8;
-  }
-}
-
 // Reads every byte a value points at, so ASan sees any view that escapes the input.
 uint64_t touch(const tandem::GgufValue& v) {
   uint64_t h = v.u64 ^ static_cast<uint64_t>(v.i64) ^ static_cast<uint64_t>(v.f64 == v.f64);
@@ -55,7 +36,7 @@ uint64_t touch(const tandem::GgufValue& v) {
     FUZZ_CHECK(v.items.size() == v.count);
     for (const auto& item : v.items) h ^= touch(item);
   } else {
-    const size_t n = v.count * elem_size(v.elem_type);
+    const size_t n = v.count * tandem::gguf_scalar_size(v.elem_type);
     for (size_t i = 0; i < n; ++i) h = h * 31 + v.elems[i];
   }
   return h;

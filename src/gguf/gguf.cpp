@@ -263,6 +263,8 @@ std::string_view gguf_value_type_name(GgufValueType type) {
   return "unknown";
 }
 
+size_t gguf_scalar_size(GgufValueType type) { return scalar_size(type); }
+
 bool GgufValue::is_integer() const {
   switch (type) {
     case GgufValueType::UINT8:

@@ -38,6 +38,8 @@ enum class GgufValueType : uint32_t {
 };
 
 std::string_view gguf_value_type_name(GgufValueType type);
+// Bytes of one element of a scalar type; 0 for STRING, ARRAY and unknown types.
+size_t gguf_scalar_size(GgufValueType type);
 
 // One metadata value. Scalars are widened into the matching 64-bit member; arrays keep a
 // pointer to their packed elements in the mapping (numeric), a list of views (strings) or a

@@ -34,28 +34,6 @@ void put_string(std::vector<uint8_t>& out, std::string_view s) {
   out.insert(out.end(), s.begin(), s.end());
 }
 
-size_t scalar_size(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::UINT8:
-    case GgufValueType::INT8:
-    case GgufValueType::BOOL:
-      return 1;
-    case GgufValueType::UINT16:
-    case GgufValueType::INT16:
-      return 2;
-    case GgufValueType::UINT32:
-    case GgufValueType::INT32:
-    case GgufValueType::FLOAT32:
-      return 4;
-    case GgufValueType::UINT64:
-    case GgufValueType::INT64:
-    case GgufValueType::FLOAT64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 void check_name(std::string_view what, std::string_view name) {
   if (name.size() > kMaxNameLength) {
     throw Error("GgufWriter: " + std::string(what) + " of " + std::to_string(name.size()) +
@@ -131,7 +109,7 @@ void put_payload(std::vector<uint8_t>& out, std::string_view key, const GgufValu
       put_payload(out, key, item, depth + 1);
     }
   } else {
-    const size_t es = scalar_size(v.elem_type);
+    const size_t es = gguf_scalar_size(v.elem_type);
     if (es == 0) {
       throw Error("GgufWriter: key '" + std::string(key) + "': unknown array element type " +
                   std::to_string(static_cast<uint32_t>(v.elem_type)));
@@ -248,7 +226,7 @@ void GgufWriter::set_string(std::string_view k, std::string_view v) {
 
 void GgufWriter::set_numeric_array(std::string_view key, GgufValueType elem_type, uint64_t count,
                                    const void* elems, size_t elem_size) {
-  const size_t es = scalar_size(elem_type);
+  const size_t es = gguf_scalar_size(elem_type);
   if (es == 0 || es != elem_size) {
     throw Error("GgufWriter: key '" + std::string(key) + "': element type " +
                 std::string(gguf_value_type_name(elem_type)) + " with element size " +

@@ -22,24 +22,6 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using testing::parse;
 
-size_t elem_size(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::UINT8:
-    case GgufValueType::INT8:
-    case GgufValueType::BOOL:
-      return 1;
-    case GgufValueType::UINT16:
-    case GgufValueType::INT16:
-      return 2;
-    case GgufValueType::UINT32:
-    case GgufValueType::INT32:
-    case GgufValueType::FLOAT32:
-      return 4;
-    default:
-      return 8;
-  }
-}
-
 // Deep equality of two values as the reader returns them (ignores file offsets).
 void expect_same_value(const GgufValue& a, const GgufValue& b, const std::string& where) {
   ASSERT_EQ(a.type, b.type) << where;
@@ -68,7 +50,7 @@ void expect_same_value(const GgufValue& a, const GgufValue& b, const std::string
       expect_same_value(a.items[i], b.items[i], where + "[" + std::to_string(i) + "]");
     }
   } else if (a.count) {
-    EXPECT_EQ(std::memcmp(a.elems, b.elems, a.count * elem_size(a.elem_type)), 0) << where;
+    EXPECT_EQ(std::memcmp(a.elems, b.elems, a.count * gguf_scalar_size(a.elem_type)), 0) << where;
   }
 }
 
