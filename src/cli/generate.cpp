@@ -32,7 +32,7 @@ class GenerateCommand : public Command {
     sub_->add_option("--repeat-last-n", sp_.repeat_last_n, "Tokens the penalty looks back over")
         ->capture_default_str();
     sub_->add_option("-s,--seed", seed_, "RNG seed (-1: random)");
-    sub_->add_flag("--chat,-cnv", chat_,
+    sub_->add_flag("--chat,--conversation", chat_,
                    "Wrap the prompt in the model's chat template as a user turn");
     sub_->add_option("--system", system_, "System message (with --chat)");
     sub_->add_flag("--no-bos", no_bos_, "Do not add BOS");

@@ -46,6 +46,8 @@ class LogitsCommand : public Command {
     sub_->add_option("--hidden", hidden_,
                      "Also write final hidden states [n_ids x n_embd] (output of the last norm)");
     sub_->add_option("-t,--threads", threads_, "Threads (default: all cores)");
+    sub_->add_flag("--f32", f32_,
+                   "Dequantize all weights to f32 and compute without activation rounding");
     sub_->add_option("-b,--batch-size", batch_, "Tokens per forward pass")
         ->check(CLI::Range(1, 1 << 16));
   }
@@ -53,7 +55,9 @@ class LogitsCommand : public Command {
   int run() override {
     if (model_.empty()) model_ = default_model_path();
     const auto ids = parse_ids(ids_);
-    auto model = Model::load(model_);
+    LoadOptions lo;
+    lo.dequantize_to_f32 = f32_;
+    auto model = Model::load(model_, lo);
     ContextParams cp;
     cp.n_ctx = static_cast<int>(ids.size());
     cp.n_threads = threads_;
@@ -97,6 +101,7 @@ class LogitsCommand : public Command {
   std::string model_, ids_, out_, hidden_;
   int threads_ = 0;
   int batch_ = 512;
+  bool f32_ = false;
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 // always fetches it first, so there they run.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -58,17 +59,49 @@ class RealModel : public ::testing::Test {
 };
 Model* RealModel::model_ = nullptr;
 
-TEST_F(RealModel, GreedyCapitalOfFranceNamesParis) {
+TEST_F(RealModel, GreedyCapitalOfFrance) {
+  // The pretrained 270M model continues "The capital of France is" greedily with " the capital
+  // of the country of France." — " Paris" is its third choice, 0.9 logit behind " the" (the
+  // exact-f32 computation agrees). So this checks that Paris is among the top candidates, and
+  // that the model knows the fact in the other direction and with one example.
+  const Tokenizer& tok = model_->tokenizer();
+  const auto ids = tok.encode("The capital of France is", true, false);
+  ContextParams cp;
+  cp.n_ctx = 64;
+  cp.n_threads = 2;
+  Context ctx(*model_, cp);
+  std::vector<BatchToken> batch;
+  for (size_t i = 0; i < ids.size(); ++i) batch.push_back({ids[i], (int)i, 0, i + 1 == ids.size()});
+  ctx.decode(batch);
+  const auto logits = ctx.logits(static_cast<int>(ids.size()) - 1);
+  const TokenId paris = tok.encode(" Paris", false, false).at(0);
+  int rank = 0;
+  for (float l : logits) rank += l > logits[paris];
+  std::printf("[real] rank of ' Paris' after 'The capital of France is': %d\n", rank);
+  EXPECT_LT(rank, 5);
   const std::string text = greedy("The capital of France is", 8);
   std::printf("[real] 'The capital of France is' -> '%s'\n", text.c_str());
-  EXPECT_NE(text.find("Paris"), std::string::npos) << "continuation: " << text;
+  EXPECT_NE(text.find("France"), std::string::npos) << text;
+  const std::string reverse = greedy("Paris is the capital of", 4);
+  EXPECT_EQ(reverse.rfind(" France", 0), 0u) << reverse;
+  const std::string few_shot = greedy(
+      "Q: What is the capital of Germany?\nA: Berlin.\nQ: What is the capital of "
+      "France?\nA:",
+      4);
+  EXPECT_EQ(few_shot.rfind(" Paris", 0), 0u) << few_shot;
 }
 
 TEST_F(RealModel, ChatTemplateAnswerIsSensible) {
-  std::vector<ChatMessage> msgs = {{"user", "What is the capital of France? Answer in one word."}};
+  // The default model is the pretrained google/gemma-3-270m (not the -it variant), so a bare
+  // question in the chat format tends to be echoed; one example turn is enough for it to answer
+  // in the format, which is what this checks end to end (template, special tokens, generation).
+  std::vector<ChatMessage> msgs = {{"user", "What is the capital of Germany?"},
+                                   {"assistant", "The capital of Germany is Berlin."},
+                                   {"user", "What is the capital of France?"}};
   const std::string prompt = apply_chat_template(model_->file(), msgs, true);
   EXPECT_NE(prompt.find("<start_of_turn>user\n"), std::string::npos) << prompt;
-  const std::string text = greedy(prompt, 16, /*parse_special=*/true);
+  EXPECT_TRUE(prompt.ends_with("<start_of_turn>model\n")) << prompt;
+  const std::string text = greedy(prompt, 12, /*parse_special=*/true);
   std::printf("[real] chat answer: '%s'\n", text.c_str());
   EXPECT_NE(text.find("Paris"), std::string::npos) << "answer: " << text;
 }
