@@ -4,7 +4,22 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TANDEM_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define TANDEM_CPU_RELAX() asm volatile("yield")
+#else
+#define TANDEM_CPU_RELAX() \
+  do {                     \
+  } while (0)
+#endif
+
 namespace tandem {
+namespace {
+// About 50-100 microseconds of spinning before a worker goes to sleep.
+constexpr int kSpinIterations = 20000;
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
   for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
@@ -13,28 +28,32 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
-  cv_start_.notify_all();
+  cv_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int, int)>* job;
-    {
+    uint64_t gen = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; gen == seen && spin < kSpinIterations && !stop_.load(); ++spin) {
+      TANDEM_CPU_RELAX();
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
+      ++sleepers_;
+      cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+      --sleepers_;
+      if (stop_.load()) return;
+      gen = generation_.load(std::memory_order_acquire);
     }
-    (*job)(index, n_threads_);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
-    }
+    if (stop_.load()) return;
+    seen = gen;
+    (*job_)(index, n_threads_);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
@@ -43,16 +62,17 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     fn(0, 1);
     return;
   }
+  job_ = &fn;
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   {
+    // Publishing under the lock means a worker that is about to sleep either sees the new
+    // generation in its wait predicate or is already waiting and gets the notification.
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+    if (sleepers_ > 0) cv_.notify_all();
   }
-  cv_start_.notify_all();
   fn(0, n_threads_);
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [&] { return pending_ == 0; });
+  while (pending_.load(std::memory_order_acquire) != 0) TANDEM_CPU_RELAX();
   job_ = nullptr;
 }
 

@@ -1,5 +1,6 @@
-// A persistent pool of worker threads for data-parallel loops. Workers are created once and
-// sleep between jobs, so a decode step never pays for thread creation.
+// A persistent pool of worker threads for data-parallel loops. Workers are created once; between
+// jobs they spin briefly on an atomic job counter (a decode step issues hundreds of small jobs,
+// and waking a sleeping thread costs more than the job) and then sleep on a condition variable.
 #pragma once
 
 #include <atomic>
@@ -23,7 +24,7 @@ class ThreadPool {
   int size() const { return n_threads_; }
 
   // Runs fn(thread_index, n_threads) once on each of the n_threads threads (the caller is
-  // thread 0) and returns when all have finished.
+  // thread 0) and returns when all have finished. Not reentrant.
   void run(const std::function<void(int, int)>& fn);
 
   // Splits [0, n) into contiguous chunks (multiples of `grain`, except the last) and runs
@@ -35,16 +36,16 @@ class ThreadPool {
 
   int n_threads_;
   std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_start_;
-  std::condition_variable cv_done_;
+  std::atomic<uint64_t> generation_{0};  // bumped once per job
+  std::atomic<int> pending_{0};          // workers still running the current job
+  std::atomic<bool> stop_{false};
   const std::function<void(int, int)>* job_ = nullptr;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int sleepers_ = 0;  // guarded by mu_
 };
 
-// Number of threads to use when the user did not say: the physical cores we may run on.
+// Number of threads to use when the user did not say: the cores we may run on.
 int default_thread_count();
 
 }  // namespace tandem
