@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# End-to-end checks of the `tandem` command-line contract (DESIGN.md §6) on the testdata files:
+# JSON shapes, output file sizes, exit codes and error messages for bad input.
+# Usage: cli_test.sh TANDEM_BINARY SHARED_DIR
+set -uo pipefail
+TANDEM=$1
+SHARED=$2
+TD=$SHARED/testdata
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+check() {  # check NAME CONDITION-COMMAND...
+  local name=$1
+  shift
+  if "$@"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: $name"
+  fi
+}
+for f in "$TD/tokenizers/ggml-vocab-llama-spm.gguf" "$TD/models/synth-llama-Q4_K.gguf"; do
+  [[ -f $f ]] || { echo "missing reference file $f"; exit 1; }
+done
+py() { python3 -c "$@"; }
+
+# tokenize: vocab-only file, BOS as the vocab says, --no-bos, --parse-special, stdin.
+out=$("$TANDEM" tokenize -m "$TD/tokenizers/ggml-vocab-llama-spm.gguf" -p " Hello" --json)
+check "tokenize json" py "import json,sys; d=json.loads(sys.argv[1]); assert d=={'ids':[1,29871,15043],'pieces':['<s>',' ','\u2581Hello'.replace('\u2581',' ')]} or d['ids']==[1,29871,15043], d" "$out"
+out=$("$TANDEM" tokenize -m "$TD/tokenizers/ggml-vocab-llama-spm.gguf" -p "Hello" --no-bos --json)
+check "tokenize --no-bos" py "import json,sys; d=json.loads(sys.argv[1]); assert d['ids'][0]!=1 and len(d['ids'])==len(d['pieces']), d" "$out"
+out=$(printf 'Hello' | "$TANDEM" tokenize -m "$TD/tokenizers/ggml-vocab-qwen3.gguf" --json)
+check "tokenize stdin" py "import json,sys; d=json.loads(sys.argv[1]); assert d['ids']==[9707], d" "$out"
+out=$("$TANDEM" tokenize -m "$TD/tokenizers/ggml-vocab-qwen3.gguf" -p "<|im_start|>" --parse-special --json)
+check "tokenize --parse-special" py "import json,sys; d=json.loads(sys.argv[1]); assert d['ids']==[151644], d" "$out"
+
+# logits: file sizes [n_ids x n_vocab] and [n_ids x n_embd] float32.
+"$TANDEM" logits -m "$TD/models/synth-llama-Q4_K.gguf" --ids 5,6,7 --out "$TMP/l.f32" --hidden "$TMP/h.f32" 2>/dev/null
+check "logits size" [ "$(stat -c %s "$TMP/l.f32")" == $((3 * 2048 * 4)) ]
+check "hidden size" [ "$(stat -c %s "$TMP/h.f32")" == $((3 * 256 * 4)) ]
+
+# generate --json: text, ids, tok_s.
+out=$("$TANDEM" generate -m "$TD/models/synth-llama-Q4_K.gguf" -p "Hello" -n 5 --temp 0 --json 2>/dev/null)
+check "generate json" py "import json,sys; d=json.loads(sys.argv[1]); assert len(d['ids'])<=5 and isinstance(d['text'],str) and d['tok_s']>=0, d" "$out"
+
+# bench --json shape (tiny sizes).
+out=$("$TANDEM" bench -m "$TD/models/synth-llama-Q4_K.gguf" -p 16 -n 4 -r 1 -t 1 --json 2>/dev/null)
+check "bench json" py "import json,sys; d=json.loads(sys.argv[1]); assert d['pp']['n']==16 and d['tg']['n']==4 and d['pp']['tok_s']>0, d" "$out"
+
+# Errors: non-zero exit, message on stderr naming the problem, nothing on stdout.
+expect_error() {  # expect_error NAME PATTERN CMD...
+  local name=$1 pattern=$2
+  shift 2
+  local so se rc
+  so=$("$@" 2>"$TMP/err")
+  rc=$?
+  se=$(cat "$TMP/err")
+  check "$name: exit code" [ "$rc" -ne 0 ]
+  check "$name: stdout empty" [ -z "$so" ]
+  check "$name: message" grep -q -- "$pattern" <<<"$se"
+}
+expect_error "missing model" "cannot open" "$TANDEM" generate -m "$TMP/nope.gguf" -p hi -n 1
+printf 'not a gguf file at all, definitely not' >"$TMP/bad.gguf"
+expect_error "bad magic" "expected magic" "$TANDEM" tokenize -m "$TMP/bad.gguf" -p hi --json
+head -c 100000 "$TD/models/synth-llama-Q4_K.gguf" >"$TMP/trunc.gguf"
+expect_error "truncated" "trunc\|end of file\|file ends" "$TANDEM" generate -m "$TMP/trunc.gguf" -p hi -n 1
+expect_error "bad ids" "not a non-negative token id" "$TANDEM" logits -m "$TD/models/synth-llama-Q4_K.gguf" --ids 1,x --out "$TMP/x"
+expect_error "id out of range" "outside the vocabulary" "$TANDEM" logits -m "$TD/models/synth-llama-Q4_K.gguf" --ids 1,99999 --out "$TMP/x"
+expect_error "vocab-only model" "missing required tensor\|missing tensor" "$TANDEM" generate -m "$TD/tokenizers/ggml-vocab-llama-spm.gguf" -p hi -n 1
+expect_error "unknown flag" "" "$TANDEM" generate --no-such-flag
+for cmd in tokenize logits generate bench; do
+  check "$cmd --help" "$TANDEM" "$cmd" --help >/dev/null
+done
+
+echo "$pass passed, $fail failed"
+[[ $fail -eq 0 ]]
