@@ -167,9 +167,17 @@ class Sampler {
 
 // ---- generation ----
 
+enum class StopReason {
+  Length,           // n_predict tokens were generated
+  EndOfGeneration,  // the model produced an end-of-generation token
+  ContextFull,      // the sequence reached n_ctx positions
+  Callback,         // on_text returned false
+};
+
 struct GenerateResult {
   std::vector<TokenId> ids;  // generated tokens (the end-of-generation token excluded)
   std::string text;
+  StopReason stop = StopReason::Length;
   bool stopped_at_eog = false;
   int n_prompt = 0;
   double prompt_ms = 0;  // prefill time

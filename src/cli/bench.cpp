@@ -1,6 +1,7 @@
 // tandem bench: prompt processing (pp) and text generation (tg) speed, measured separately
 // like llama-bench: one warm-up run, then -r timed repetitions; mean and standard deviation of
 // tokens per second.
+#include <sys/resource.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -115,6 +116,11 @@ class BenchCommand : public Command {
       j["tg"] = {{"n", n_gen_}, {"tok_s", s.mean}, {"sd", s.sd}, {"samples", s.samples}};
       std::fprintf(stderr, "tg%-5d %10.2f ± %.2f tok/s\n", n_gen_, s.mean, s.sd);
     }
+    struct rusage usage {};
+    getrusage(RUSAGE_SELF, &usage);
+    const double peak_rss_mib = usage.ru_maxrss / 1024.0;  // ru_maxrss is in KiB on Linux
+    j["peak_rss_mib"] = peak_rss_mib;
+    std::fprintf(stderr, "peak RSS %.1f MiB\n", peak_rss_mib);
     if (json_) std::printf("%s\n", j.dump().c_str());
     return 0;
   }

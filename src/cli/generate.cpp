@@ -85,7 +85,9 @@ class GenerateCommand : public Command {
       j["tok_s"] = tok_s;
       j["n_prompt"] = r.n_prompt;
       j["prompt_tok_s"] = r.prompt_ms > 0 ? 1000.0 * r.n_prompt / r.prompt_ms : 0.0;
-      j["stop"] = r.stopped_at_eog ? "eog" : "length";
+      j["stop"] = r.stop == StopReason::EndOfGeneration ? "eog"
+                  : r.stop == StopReason::ContextFull   ? "context_full"
+                                                        : "length";
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("\n");
@@ -95,7 +97,9 @@ class GenerateCommand : public Command {
                  "(%.1f tok/s)%s\n",
                  r.n_prompt, r.prompt_ms, r.prompt_ms > 0 ? 1000.0 * r.n_prompt / r.prompt_ms : 0.0,
                  r.ids.size(), r.gen_ms, tok_s,
-                 r.stopped_at_eog ? ", stopped at end of generation" : "");
+                 r.stop == StopReason::EndOfGeneration ? ", stopped at end of generation"
+                 : r.stop == StopReason::ContextFull   ? ", stopped: context full (raise -c)"
+                                                       : "");
     return 0;
   }
 

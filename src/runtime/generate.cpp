@@ -43,15 +43,22 @@ GenerateResult generate(Context& ctx, std::span<const TokenId> prompt, int n_pre
     const TokenId next = sampler.sample(logits);
     if (tok.is_eog(next)) {
       res.stopped_at_eog = true;
+      res.stop = StopReason::EndOfGeneration;
       break;
     }
     sampler.accept(next);
     res.ids.push_back(next);
     const std::string piece = stream.push(next);
     res.text += piece;
-    if (on_text && !piece.empty() && !on_text(piece)) break;
+    if (on_text && !piece.empty() && !on_text(piece)) {
+      res.stop = StopReason::Callback;
+      break;
+    }
     if (i + 1 == n_predict) break;
-    if (ctx.seq_length(seq) >= ctx.n_ctx()) break;  // context full: stop, do not wrap
+    if (ctx.seq_length(seq) >= ctx.n_ctx()) {  // context full: stop and say so, do not wrap
+      res.stop = StopReason::ContextFull;
+      break;
+    }
     const BatchToken bt{next, ctx.seq_length(seq), seq, true};
     ctx.decode(std::span<const BatchToken>(&bt, 1));
     logits = ctx.logits(0);
