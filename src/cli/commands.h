@@ -23,6 +23,9 @@ std::unique_ptr<Command> make_tokenize_command(CLI::App& app);
 std::unique_ptr<Command> make_logits_command(CLI::App& app);
 std::unique_ptr<Command> make_generate_command(CLI::App& app);
 std::unique_ptr<Command> make_bench_command(CLI::App& app);
+std::unique_ptr<Command> make_quantize_command(CLI::App& app);
+std::unique_ptr<Command> make_perplexity_command(CLI::App& app);
+std::unique_ptr<Command> make_synth_command(CLI::App& app);
 
 // Shared helpers (main.cpp).
 std::string default_model_path();

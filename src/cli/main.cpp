@@ -64,6 +64,9 @@ int main(int argc, char** argv) {
   commands.push_back(make_logits_command(app));
   commands.push_back(make_generate_command(app));
   commands.push_back(make_bench_command(app));
+  commands.push_back(make_quantize_command(app));
+  commands.push_back(make_perplexity_command(app));
+  commands.push_back(make_synth_command(app));
 
   try {
     app.parse(argc, argv);

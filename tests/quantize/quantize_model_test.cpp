@@ -14,6 +14,7 @@
 #include "gguf/gguf.h"
 #include "quantize/quantize.h"
 #include "quantize/quantize_file.h"
+#include "quantize/synth.h"
 #include "tandem/engine.h"
 
 namespace tandem::quant {
@@ -183,6 +184,42 @@ TEST_P(QuantizedModelVectors, MatchesLlamaCppVectors) {
 INSTANTIATE_TEST_SUITE_P(Types, QuantizedModelVectors,
                          ::testing::Values("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K",
                                            "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"));
+
+}  // namespace
+}  // namespace tandem::quant
+
+namespace tandem::quant {
+namespace {
+
+// A shrunk gemma3-270m shape (same widths, so the 640-wide fallbacks apply; 2 layers, small
+// vocab): the synthetic model loads in the engine and decodes to finite logits.
+TEST(Synth, SmallGemmaShapeLoadsAndRuns) {
+  SynthShape s = *find_synth_shape("gemma3-270m");
+  s.n_vocab = 1024;
+  s.n_layer = 2;
+  SynthOptions opt;
+  opt.file_type = *parse_file_type("Q4_K_M");
+  opt.n_threads = 2;
+  const auto out = (work_dir() / "synth-small.gguf").string();
+  const auto rep = write_synth_model(s, out, opt);
+  std::map<std::string, TensorType> types;
+  for (const auto& p : rep.plans) types[p.name] = p.dst_type;
+  EXPECT_EQ(types["token_embd.weight"], TensorType::Q8_0);    // tied: Q6_K -> Q8_0 (640)
+  EXPECT_EQ(types["blk.0.attn_q.weight"], TensorType::Q5_0);  // Q4_K -> Q5_0 (640)
+  EXPECT_EQ(types["blk.1.ffn_down.weight"], TensorType::Q6_K);
+  auto model = Model::load(out);
+  EXPECT_EQ(model->info().n_vocab, 1024);
+  EXPECT_EQ(model->info().n_embd, 640);
+  Context ctx(*model, {.n_ctx = 64, .n_seq = 1, .n_threads = 2});
+  std::vector<BatchToken> batch;
+  for (int i = 0; i < 8; ++i) batch.push_back({3 + 7 * i, i, 0, i == 7, false});
+  ctx.decode(batch);
+  for (float v : ctx.logits(7)) ASSERT_TRUE(std::isfinite(v));
+  // Deterministic for a seed.
+  const auto out2 = (work_dir() / "synth-small2.gguf").string();
+  write_synth_model(s, out2, opt);
+  EXPECT_EQ(tandem::testing::read_file(out), tandem::testing::read_file(out2));
+}
 
 }  // namespace
 }  // namespace tandem::quant

@@ -1,0 +1,179 @@
+// tandem perplexity: perplexity of a model on a text, like llama.cpp's llama-perplexity, and
+// optionally the KL divergence and top-1 agreement against a base model (--kl-base).
+//
+// The text is tokenized whole (BOS as the vocab says), cut into non-overlapping chunks of n_ctx
+// tokens; the first token of every chunk is replaced by BOS when the vocab adds one; each chunk
+// is evaluated from an empty cache and only its second half is scored (logits at positions
+// n_ctx/2 .. n_ctx-2 predict the tokens after them). Statistics: src/quantize/perplexity.h.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "quantize/perplexity.h"
+#include "tandem/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem::cli {
+namespace {
+
+class PerplexityCommand : public Command {
+ public:
+  explicit PerplexityCommand(CLI::App& app)
+      : Command(app.add_subcommand(
+            "perplexity",
+            "Perplexity on a text file, like llama-perplexity: non-overlapping chunks of -c "
+            "tokens, the second half of each scored; prints [chunk]running-PPL and the final "
+            "PPL +/- standard error. --kl-base also reports KL(base||model) and top-1 "
+            "agreement.")) {
+    sub_->add_option("-m,--model", model_, "GGUF model file")->default_str(default_model_path());
+    sub_->add_option("-f,--file", file_, "Text file")->required();
+    sub_->add_option("-c,--ctx-size", n_ctx_, "Tokens per chunk")
+        ->capture_default_str()
+        ->check(CLI::Range(4, 1 << 20));
+    sub_->add_option("-b,--batch-size", n_batch_, "Tokens per forward pass (default: -c)")
+        ->check(CLI::Range(1, 1 << 20));
+    sub_->add_option("-t,--threads", threads_, "Threads (default: all cores)")
+        ->check(CLI::Range(0, 1024));
+    sub_->add_option("--chunks", max_chunks_, "Evaluate at most this many chunks (0: all)")
+        ->check(CLI::Range(0, 1 << 30));
+    sub_->add_option("--kl-base", kl_base_,
+                     "Base model (same vocabulary): also report mean KL(base||model) and top-1 "
+                     "agreement on the same tokens");
+    sub_->add_flag("--json", json_, "Print the results as JSON on stdout");
+  }
+
+  int run() override {
+    if (model_.empty()) model_ = default_model_path();
+    if (n_batch_ <= 0 || n_batch_ > n_ctx_) n_batch_ = n_ctx_;
+    std::ifstream in(file_, std::ios::binary);
+    if (!in) throw Error("cannot read text file '" + file_ + "'");
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+
+    const auto t0 = std::chrono::steady_clock::now();
+    auto model = Model::load(model_);
+    std::unique_ptr<Model> base;
+    if (!kl_base_.empty()) {
+      base = Model::load(kl_base_);
+      if (base->info().n_vocab != model->info().n_vocab) {
+        throw Error("--kl-base: '" + kl_base_ + "' has " + std::to_string(base->info().n_vocab) +
+                    " tokens, '" + model_ + "' has " + std::to_string(model->info().n_vocab));
+      }
+    }
+    const Tokenizer& tok = model->tokenizer();
+    const std::vector<TokenId> tokens = tok.encode(text, true, false);
+    const int n_chunk = quant::n_chunks(static_cast<int64_t>(tokens.size()), n_ctx_, max_chunks_);
+    if (n_chunk == 0) {
+      throw Error("'" + file_ + "' has " + std::to_string(tokens.size()) +
+                  " tokens; need at least 2 * n_ctx = " + std::to_string(2 * n_ctx_) +
+                  " for a useful estimate and at least n_ctx for one chunk (try a smaller -c)");
+    }
+    const bool add_bos = tok.add_bos();
+    const int first = quant::first_scored(n_ctx_);
+    std::fprintf(stderr,
+                 "perplexity: %s: %zu tokens, %d chunks of %d (scoring %d per chunk), batch %d%s\n",
+                 model_.c_str(), tokens.size(), n_chunk, n_ctx_, n_ctx_ - 1 - first, n_batch_,
+                 base ? (", KL base " + kl_base_).c_str() : "");
+
+    ContextParams cp;
+    cp.n_ctx = n_ctx_;
+    cp.n_threads = threads_;
+    Context ctx(*model, cp);
+    std::unique_ptr<Context> bctx;
+    if (base) bctx = std::make_unique<Context>(*base, cp);
+
+    quant::PplStats ppl, base_ppl;
+    quant::KlStats kl;
+    std::vector<double> running;
+    std::vector<BatchToken> batch;
+    const bool tty = stderr_is_tty();
+    for (int c = 0; c < n_chunk; ++c) {
+      const size_t start = static_cast<size_t>(c) * n_ctx_;
+      ctx.clear(0);
+      if (bctx) bctx->clear(0);
+      for (int b0 = 0; b0 < n_ctx_; b0 += n_batch_) {
+        const int b1 = std::min(n_ctx_, b0 + n_batch_);
+        batch.clear();
+        for (int p = b0; p < b1; ++p) {
+          TokenId t = tokens[start + p];
+          if (p == 0 && add_bos) t = tok.bos();
+          const bool want = p >= first && p <= n_ctx_ - 2;
+          batch.push_back({t, p, 0, want, false});
+        }
+        ctx.decode(batch);
+        if (bctx) bctx->decode(batch);
+        for (int p = std::max(b0, first); p < b1 && p <= n_ctx_ - 2; ++p) {
+          const auto l = ctx.logits(p - b0);
+          const TokenId next = tokens[start + p + 1];
+          ppl.add_logprob(quant::token_logprob(l, next));
+          if (bctx) {
+            const auto bl = bctx->logits(p - b0);
+            base_ppl.add_logprob(quant::token_logprob(bl, next));
+            kl.add(bl, l);
+          }
+        }
+      }
+      running.push_back(ppl.ppl());
+      if (tty && c == 0) {
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::fprintf(stderr, "first chunk took %.2f s, about %.1f s for all\n", s, s * n_chunk);
+      }
+      std::fprintf(stderr, "[%d]%.4f,", c + 1, ppl.ppl());
+      std::fflush(stderr);
+    }
+    std::fprintf(stderr, "\n");
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "Final estimate: PPL = %.4f +/- %.5f\n", ppl.ppl(), ppl.ppl_error());
+    if (bctx) {
+      std::fprintf(stderr, "Base PPL = %.4f +/- %.5f\n", base_ppl.ppl(), base_ppl.ppl_error());
+      std::fprintf(stderr, "Mean ln(PPL(model)/PPL(base)) = %.6f\n",
+                   ppl.mean_nll() - base_ppl.mean_nll());
+      std::fprintf(stderr, "Mean KLD = %.6f +/- %.6f\n", kl.mean_kl(), kl.kl_error());
+      std::fprintf(stderr, "Same top-1 = %.3f +/- %.3f %%\n", 100 * kl.top1(),
+                   100 * kl.top1_error());
+    }
+    std::fprintf(stderr, "%lld tokens scored in %.2f s\n", static_cast<long long>(ppl.count), secs);
+    if (json_) {
+      nlohmann::json j;
+      j["model"] = model_;
+      j["file"] = file_;
+      j["n_ctx"] = n_ctx_;
+      j["n_tokens"] = tokens.size();
+      j["n_chunks"] = n_chunk;
+      j["n_scored"] = ppl.count;
+      j["ppl"] = ppl.ppl();
+      j["ppl_se"] = ppl.ppl_error();
+      j["running_ppl"] = running;
+      j["seconds"] = secs;
+      if (bctx) {
+        j["kl_base"] = kl_base_;
+        j["base_ppl"] = base_ppl.ppl();
+        j["base_ppl_se"] = base_ppl.ppl_error();
+        j["kl"] = kl.mean_kl();
+        j["kl_se"] = kl.kl_error();
+        j["top1"] = kl.top1();
+        j["top1_se"] = kl.top1_error();
+      }
+      std::printf("%s\n", j.dump().c_str());
+    }
+    return 0;
+  }
+
+ private:
+  std::string model_, file_, kl_base_;
+  int n_ctx_ = 512, n_batch_ = 0, threads_ = 0, max_chunks_ = 0;
+  bool json_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> make_perplexity_command(CLI::App& app) {
+  return std::make_unique<PerplexityCommand>(app);
+}
+
+}  // namespace tandem::cli
