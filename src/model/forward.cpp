@@ -104,21 +104,22 @@ void Forward::rope(float* x, int n_heads, int pos, bool swa_layer) {
 
 // Causal attention of every batch token over its sequence's cached keys/values.
 // q_: [n][n_head][head_dim] -> attn_: [n][n_head][head_dim_v].
+// One job per (token, KV head): the query heads that share a KV head (GQA) are processed together
+// so each cached key and value row is read once per step.
 void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& cache) {
   const int n = static_cast<int>(batch.size());
-  const int n_head = c_.n_head, hd = c_.head_dim, hdv = c_.head_dim_v;
-  const int group = c_.n_head / c_.n_head_kv;
+  const int n_head = c_.n_head, n_kv = c_.n_head_kv, hd = c_.head_dim, hdv = c_.head_dim_v;
+  const int group = n_head / n_kv;
   const bool swa = c_.layer_is_swa[layer] && c_.sliding_window > 0;
   const int window = c_.sliding_window;
   const int n_ctx = cache.n_ctx();
-  scores_.resize(static_cast<size_t>(pool_.size()) * n_ctx);
+  scores_.resize(static_cast<size_t>(pool_.size()) * group * n_ctx);
   pool_.run([&](int t, int n_threads) {
-    float* scores = scores_.data() + static_cast<size_t>(t) * n_ctx;
-    for (int job = t; job < n * n_head; job += n_threads) {
-      const int i = job / n_head, h = job % n_head;
+    float* scores = scores_.data() + static_cast<size_t>(t) * group * n_ctx;  // [group][n_ctx]
+    for (int job = t; job < n * n_kv; job += n_threads) {
+      const int i = job / n_kv, kvh = job % n_kv;
       const BatchToken& bt = batch[i];
-      const int kvh = h / group;
-      const float* q = q_.data() + (static_cast<size_t>(i) * n_head + h) * hd;
+      const float* q0 = q_.data() + (static_cast<size_t>(i) * n_head + kvh * group) * hd;
       const float* keys = cache.keys(layer, bt.seq) + static_cast<size_t>(kvh) * hd;
       const float* vals = cache.values(layer, bt.seq) + static_cast<size_t>(kvh) * hdv;
       const int kv_stride = cache.kv_dim(), v_stride = cache.v_dim();
@@ -126,26 +127,35 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
       // layers, p1 - p0 < window.
       const int first = swa ? std::max(0, bt.pos - window + 1) : 0;
       const int count = bt.pos - first + 1;
-      float max_score = -INFINITY;
       for (int j = 0; j < count; ++j) {
-        float s = kernels::dot_f32(q, keys + static_cast<size_t>(first + j) * kv_stride, hd);
-        s *= c_.kq_scale;
-        if (c_.attn_logit_softcap > 0) {
-          s = c_.attn_logit_softcap * std::tanh(s / c_.attn_logit_softcap);
+        const float* k = keys + static_cast<size_t>(first + j) * kv_stride;
+        for (int g = 0; g < group; ++g) {
+          float s = kernels::dot_f32(q0 + static_cast<size_t>(g) * hd, k, hd) * c_.kq_scale;
+          if (c_.attn_logit_softcap > 0) {
+            s = c_.attn_logit_softcap * std::tanh(s / c_.attn_logit_softcap);
+          }
+          scores[static_cast<size_t>(g) * n_ctx + j] = s;
         }
-        scores[j] = s;
-        max_score = std::max(max_score, s);
       }
-      double sum = 0;
-      for (int j = 0; j < count; ++j) {
-        scores[j] = std::exp(scores[j] - max_score);
-        sum += scores[j];
+      for (int g = 0; g < group; ++g) {
+        float* sg = scores + static_cast<size_t>(g) * n_ctx;
+        const float max_score = *std::max_element(sg, sg + count);
+        double sum = 0;
+        for (int j = 0; j < count; ++j) {
+          sg[j] = std::exp(sg[j] - max_score);
+          sum += sg[j];
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int j = 0; j < count; ++j) sg[j] *= inv;
+        float* out = attn_.data() + (static_cast<size_t>(i) * n_head + kvh * group + g) * hdv;
+        std::fill(out, out + hdv, 0.0f);
       }
-      const float inv = static_cast<float>(1.0 / sum);
-      float* out = attn_.data() + (static_cast<size_t>(i) * n_head + h) * hdv;
-      std::fill(out, out + hdv, 0.0f);
       for (int j = 0; j < count; ++j) {
-        kernels::axpy(scores[j] * inv, vals + static_cast<size_t>(first + j) * v_stride, out, hdv);
+        const float* v = vals + static_cast<size_t>(first + j) * v_stride;
+        for (int g = 0; g < group; ++g) {
+          float* out = attn_.data() + (static_cast<size_t>(i) * n_head + kvh * group + g) * hdv;
+          kernels::axpy(scores[static_cast<size_t>(g) * n_ctx + j], v, out, hdv);
+        }
       }
     }
   });
