@@ -34,7 +34,9 @@ std::string default_model_path() {
   return cache + "/models/gemma-3-270m-q4_k_m.gguf";
 }
 
-bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
+bool stderr_is_tty() {
+  return isatty(STDERR_FILENO) == 1;
+}
 
 std::string read_prompt(const std::string& prompt, const std::string& file, bool have_prompt) {
   if (have_prompt) return prompt;
