@@ -73,12 +73,31 @@ void Forward::rope(float* x, int n_heads, int pos, bool swa_layer) {
   const float freq_scale = swa_layer ? 1.0f : c_.rope_freq_scale;
   const float theta_scale = std::pow(base, -2.0f / static_cast<float>(n_rot));
   const float* factors = w_.rope_freqs.present() ? w_.rope_freqs.f32() : nullptr;
-  float cos_sin[2 * 512];  // n_rot <= 1024 is enforced by the caller's config checks
+  // YaRN: dimensions below corr_lo keep the extrapolated angle, above corr_hi the interpolated
+  // one, with a linear ramp between; magnitudes grow by 1 + 0.1 ln(1/freq_scale).
+  const float ext_factor = swa_layer ? 0.0f : c_.yarn_ext_factor;
+  float corr_lo = 0, corr_hi = 0, mscale = 1.0f;
+  if (ext_factor != 0.0f) {
+    auto corr_dim = [&](float n_rotations) {
+      return n_rot * std::log(c_.yarn_orig_ctx / (n_rotations * 2 * static_cast<float>(M_PI))) /
+             (2 * std::log(base));
+    };
+    corr_lo = std::max(0.0f, std::floor(corr_dim(c_.yarn_beta_fast)));
+    corr_hi = std::min(static_cast<float>(n_rot - 1), std::ceil(corr_dim(c_.yarn_beta_slow)));
+    mscale *= 1.0f + 0.1f * std::log(1.0f / freq_scale);
+  }
+  float cos_sin[2 * 512];  // n_rot <= 1024 is enforced by the config
   float theta = static_cast<float>(pos);
   for (int i = 0; i < n_rot / 2; ++i) {
-    const float t = freq_scale * (factors ? theta / factors[i] : theta);
-    cos_sin[2 * i] = std::cos(t);
-    cos_sin[2 * i + 1] = std::sin(t);
+    const float extrap = factors ? theta / factors[i] : theta;
+    float t = freq_scale * extrap;
+    if (ext_factor != 0.0f) {
+      const float y = (i - corr_lo) / std::max(0.001f, corr_hi - corr_lo);
+      const float ramp = (1.0f - std::min(1.0f, std::max(0.0f, y))) * ext_factor;
+      t = t * (1 - ramp) + extrap * ramp;
+    }
+    cos_sin[2 * i] = std::cos(t) * mscale;
+    cos_sin[2 * i + 1] = std::sin(t) * mscale;
     theta *= theta_scale;
   }
   for (int h = 0; h < n_heads; ++h) {

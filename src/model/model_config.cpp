@@ -73,17 +73,23 @@ ModelConfig base_config(const GgufFile& f, Arch arch, const std::string& arch_na
   c.kq_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   if (auto type = f.get_string_opt(k.key("rope.scaling.type"))) {
+    const float factor = k.optional_float("rope.scaling.factor", 1.0f);
+    if (!(factor > 0)) {
+      throw Error(f.path() + ": " + k.key("rope.scaling.factor") + " must be positive, found " +
+                  std::to_string(factor));
+    }
     if (*type == "linear") {
-      const float factor = k.optional_float("rope.scaling.factor", 1.0f);
-      if (!(factor > 0)) {
-        throw Error(f.path() + ": rope.scaling.factor must be positive, found " +
-                    std::to_string(factor));
-      }
       c.rope_freq_scale = 1.0f / factor;
-    } else if (*type != "none") {
+    } else if (*type == "yarn") {
+      c.rope_freq_scale = 1.0f / factor;
+      c.yarn_ext_factor = 1.0f;
+      c.yarn_orig_ctx = k.optional_int("rope.scaling.original_context_length", c.n_ctx_train);
+      c.yarn_beta_fast = k.optional_float("rope.scaling.yarn_beta_fast", 32.0f);
+      c.yarn_beta_slow = k.optional_float("rope.scaling.yarn_beta_slow", 1.0f);
+    } else if (*type != "none" && *type != "llama3") {
+      // llama3 scaling is carried by the rope_freqs.weight tensor.
       throw Error(f.path() + ": metadata key '" + k.key("rope.scaling.type") +
-                  "': expected 'none' or 'linear', found '" + std::string(*type) +
-                  "' (not supported yet)");
+                  "': expected none, linear, yarn or llama3, found '" + std::string(*type) + "'");
     }
   } else if (auto scale = f.get_f64_opt(k.key("rope.scale_linear"))) {
     if (*scale > 0) c.rope_freq_scale = 1.0f / static_cast<float>(*scale);

@@ -44,6 +44,12 @@ struct ModelConfig {
   float rope_base_swa = 10000.0f;  // sliding-window layers
   float rope_freq_scale = 1.0f;    // linear scaling (1/factor), global layers only
   bool has_rope_freqs = false;     // per-dimension divisors from rope_freqs.weight (llama3)
+  // YaRN (rope.scaling.type = yarn): extrapolation mix over the dimension range where the
+  // rotation wavelength crosses the original context; 0 = off.
+  float yarn_ext_factor = 0.0f;
+  int yarn_orig_ctx = 0;
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
 
   // Attention.
   float query_scale = 1.0f;          // applied to Q after RoPE (gemma3: 1/sqrt(head_dim))
