@@ -253,6 +253,54 @@ TEST_P(KernelsSimdVsRef, LargeTiles) {
           << r << " " << i;
 }
 
+// Decode batches (1 to 3 activation rows) take the fused kernels (weights unpacked in
+// registers); rows not a multiple of the 4-row group and a row_begin > 0.
+TEST_P(KernelsSimdVsRef, SmallBatchFused) {
+  const TensorType wt = GetParam();
+  std::mt19937 rng(4321 + static_cast<int>(wt));
+  for (int64_t k : {256, 1536}) {
+    for (int64_t n_act : {1, 2, 3}) {
+      SCOPED_TRACE("k=" + std::to_string(k) + " n_act=" + std::to_string(n_act));
+      const int64_t rows = 11;
+      const auto w = RandomWeights(rng, wt, rows, k);
+      const size_t wrb = row_bytes(wt, k);
+      const size_t act_stride = row_bytes(activation_type(wt), k) + 8;
+      const auto a = RandomActs(rng, wt, n_act, k, act_stride);
+      const int64_t y_stride = rows + 1;
+      std::vector<float> y_ref(static_cast<size_t>(n_act * y_stride), -7.0f);
+      ref::matmul_rows(wt, k, w.data(), 0, rows, a.data(), act_stride, n_act, y_ref.data(),
+                       y_stride);
+      ForEachTarget([&](const char*) {
+        std::vector<float> y(static_cast<size_t>(n_act * y_stride), -7.0f);
+        matmul_rows(wt, k, w.data(), 1, rows, a.data(), act_stride, n_act, y.data(), y_stride);
+        for (int64_t r = 0; r < n_act; ++r) {
+          EXPECT_EQ(y[r * y_stride], -7.0f);
+          EXPECT_EQ(y[r * y_stride + rows], -7.0f);
+          for (int64_t i = 1; i < rows; ++i) {
+            const double tol = 1e-6 * std::sqrt(static_cast<double>(k)) *
+                                   AbsDot(wt, k, w.data() + i * wrb, a.data() + r * act_stride) +
+                               1e-30;
+            EXPECT_NEAR(y[r * y_stride + i], y_ref[r * y_stride + i], tol)
+                << "act " << r << " row " << i;
+          }
+        }
+      });
+      if (!IsQuant(wt)) continue;
+      // Unit scales: the integer sums must match exactly.
+      const auto wu = RandomWeights(rng, wt, rows, k, /*unit_scales=*/true);
+      const auto au = UnitActs(rng, wt, n_act, k);
+      const size_t us = row_bytes(activation_type(wt), k);
+      std::vector<float> u_ref(static_cast<size_t>(n_act * rows));
+      ref::matmul_rows(wt, k, wu.data(), 0, rows, au.data(), us, n_act, u_ref.data(), rows);
+      ForEachTarget([&](const char*) {
+        std::vector<float> u(u_ref.size());
+        matmul_rows(wt, k, wu.data(), 0, rows, au.data(), us, n_act, u.data(), rows);
+        for (size_t i = 0; i < u.size(); ++i) EXPECT_EQ(u[i], u_ref[i]) << i;
+      });
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelsSimdVsRef, ::testing::ValuesIn(WeightTypes()), TypeName);
 
 TEST(KernelsSimdF32, DotAxpyRmsNorm) {
