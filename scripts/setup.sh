@@ -3,7 +3,7 @@
 # already installed are skipped, and `apt-get update` runs only when something is missing.
 #
 #   scripts/setup.sh          host toolchain and libraries
-#   scripts/setup.sh --arm    also the arm64 cross toolchain, arm64 Highway and qemu-user
+#   scripts/setup.sh --arm    also the arm64 cross toolchain, the arm64 libraries and qemu-user
 #
 # Needs root (or sudo). Exits non-zero, naming the packages, when an install fails.
 set -euo pipefail
@@ -16,7 +16,13 @@ PACKAGES=(
   clang libclang-rt-14-dev clang-format
   python3 python3-pip
 )
-ARM_PACKAGES=(g++-aarch64-linux-gnu libhwy-dev:arm64 qemu-user)
+# The arm64 libraries the cross build of the kernels and their tests links or finds at configure
+# time (scripts/arm_test.sh, cmake/aarch64-linux-gnu.cmake); nlohmann-json and CLI11 are arch-all.
+ARM_PACKAGES=(
+  g++-aarch64-linux-gnu qemu-user
+  libhwy-dev:arm64 libpcre2-dev:arm64 libfmt-dev:arm64 libssl-dev:arm64
+  libgtest-dev:arm64 libgmock-dev:arm64
+)
 
 log() { echo "[setup] $*" >&2; }
 
