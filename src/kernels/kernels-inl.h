@@ -511,6 +511,12 @@ HWY_INLINE void FusedDot(const uint8_t* const* wr, const StagedInt& a, int64_t k
       // with one vector f16 -> f32 conversion (exact) and multiplied by the activation scale.
       alignas(16) uint16_t dbits[4] = {0, 0, 0, 0};
       for (int r = 0; r < RW; ++r) std::memcpy(&dbits[r], wr[r] + b * kBlockBytes, 2);
+      // Fetch the same position one row group ahead (the next group is contiguous), one line
+      // every other block per row (measured ~15-30% faster on the 178 MB Gemma LM head than
+      // no prefetch or a bulk prefetch of the next group).
+      if (RW == 4 && (b & 1) == 0)
+        for (int r = 0; r < RW; ++r)
+          hwy::Prefetch(wr[r] + (RW * nb + b) * static_cast<int64_t>(kBlockBytes));
       alignas(16) float scl[4];
       for (size_t i = 0; i < static_cast<size_t>(RW); i += hn::Lanes(df4)) {
         const auto h = hn::LoadU(dh4, reinterpret_cast<const hwy::float16_t*>(dbits + i));
@@ -576,8 +582,6 @@ void MatvecFused(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
   for (; i0 + kRW <= row_end; i0 += kRW) {
     const uint8_t* wr[kRW];
     for (int r = 0; r < kRW; ++r) wr[r] = w + (i0 + r) * w_stride;
-    // No software prefetch: the 4 rows are contiguous and the hardware prefetcher does better
-    // (measured: prefetching the next group cost ~25% on the 178 MB Gemma LM head).
     for (int64_t r = 0; r < ra; ++r) {
       float out[kRW];
       FusedDot<T, kRW>(wr, ast[r], k, out);
