@@ -39,7 +39,11 @@ void ThreadPool::worker(int index) {
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
     for (int spin = 0; gen == seen && spin < kSpinIterations && !stop_.load(); ++spin) {
-      TANDEM_CPU_RELAX();
+      if (spin < kSpinIterations / 4) {
+        TANDEM_CPU_RELAX();
+      } else {
+        std::this_thread::yield();
+      }
       gen = generation_.load(std::memory_order_acquire);
     }
     if (gen == seen) {
@@ -72,7 +76,15 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     if (sleepers_ > 0) cv_.notify_all();
   }
   fn(0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) TANDEM_CPU_RELAX();
+  // Spin for the stragglers, then yield: on an oversubscribed machine the worker we wait for
+  // may need this very core.
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
+    if (spin < 2000) {
+      TANDEM_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   job_ = nullptr;
 }
 
