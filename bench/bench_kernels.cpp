@@ -192,6 +192,7 @@ BENCHMARK(BM_Matmul)
     ->Args({T(TensorType::Q4_K), 2048, 640, 512})
     ->Args({T(TensorType::Q6_K), 2048, 640, 512})
     ->Args({T(TensorType::Q5_0), 2048, 640, 512})
+    ->Args({T(TensorType::Q5_0), 640, 2048, 512})
     ->Args({T(TensorType::Q8_0), 640, 2048, 512})
     ->Args({T(TensorType::F16), 640, 2048, 64})
     ->Unit(benchmark::kMillisecond);

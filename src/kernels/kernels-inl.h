@@ -10,8 +10,9 @@
 // handled the same way on the short per-block arrays.
 //
 // matmul_rows stages a tile of activation rows once and then, for every group of 4 weight rows,
-// unpacks those rows once and runs them against every staged activation row (one activation
-// vector load feeds 4 multiply-adds), so weights are read from memory once per activation tile.
+// unpacks those rows once and runs them against the staged activation rows two at a time (4x2
+// register tile: 6 vector loads feed 8 multiply-adds), so weights are read from memory once per
+// activation tile; the int16 activation tile is sized to stay in L2.
 
 #if defined(TANDEM_KERNELS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TANDEM_KERNELS_INL_H_
@@ -385,6 +386,97 @@ HWY_INLINE void DotStagedInt(const IntFormat& f, int64_t k, const StagedInt* w, 
   for (int r = 0; r < RW; ++r) out[r] = res[r];
 }
 
+// Mins (K-quants) and Q4_1/Q5_1 m terms of one staged weight row against one staged activation
+// row (integer min sums as in ggml; scalar: a few products per block).
+HWY_INLINE float StagedExtras(const IntFormat& f, int64_t nb, const StagedInt& w,
+                              const StagedInt& a) {
+  float res = 0.0f;
+  if (f.kmin) {
+    const DI16s dm;
+    const DI32s dm32;
+    const DFs dfm;
+    const size_t M = hn::Lanes(dm);
+    auto macc = hn::Zero(dfm);
+    for (int64_t b = 0; b < nb; ++b) {
+      auto s0 = hn::Zero(dm32), s1 = hn::Zero(dm32);
+      for (size_t g = 0; g < 16; g += M)
+        s0 = hn::ReorderWidenMulAccumulate(dm32, hn::LoadU(dm, w.mn + b * 16 + g),
+                                           hn::LoadU(dm, a.mn + b * 16 + g), s0, s1);
+      macc = hn::MulAdd(hn::Set(dfm, w.dmin[b] * a.d[b]),
+                        hn::ConvertTo(dfm, hn::RearrangeToOddPlusEven(s0, s1)), macc);
+    }
+    res -= hn::GetLane(hn::SumOfLanes(dfm, macc));
+  }
+  if (f.m) {
+    float s = 0;
+    for (int64_t b = 0; b < nb; ++b) s += w.m[b] * a.m[b];
+    res += s;
+  }
+  return res;
+}
+
+// Register tile: 4 staged weight rows x 2 staged activation rows (separate variables, no arrays
+// of vectors, so it builds for SVE). out0[r] / out1[r] = dot(w[r], a0 / a1).
+template <int kBlock>
+HWY_INLINE void DotStagedTile42(const IntFormat& f, int64_t k, const StagedInt* w,
+                                const StagedInt& a0, const StagedInt& a1, float* out0,
+                                float* out1) {
+  const D16 d16;
+  const D32 d32;
+  const DF df;
+  const size_t N = hn::Lanes(d16);
+  const int64_t nb = k / kBlock;
+  const int16_t* w0 = w[0].q;
+  const int16_t* w1 = w[1].q;
+  const int16_t* w2 = w[2].q;
+  const int16_t* w3 = w[3].q;
+  const int16_t* x0 = a0.q;
+  const int16_t* x1 = a1.q;
+#define TANDEM_T42(X) X(0, 0) X(0, 1) X(1, 0) X(1, 1) X(2, 0) X(2, 1) X(3, 0) X(3, 1)
+#define TANDEM_FZ(r, c) auto f##r##c = hn::Zero(df);
+  TANDEM_T42(TANDEM_FZ)
+#undef TANDEM_FZ
+  for (int64_t b = 0; b < nb; ++b) {
+#define TANDEM_IZ(r, c) \
+  auto i##r##c = hn::Zero(d32); \
+  auto j##r##c = hn::Zero(d32);
+    TANDEM_T42(TANDEM_IZ)
+#undef TANDEM_IZ
+    const int64_t e0 = b * kBlock;
+    for (int64_t e = e0; e < e0 + kBlock; e += static_cast<int64_t>(N)) {
+      const auto v0 = hn::LoadU(d16, x0 + e);
+      const auto v1 = hn::LoadU(d16, x1 + e);
+#define TANDEM_ROW(r)                                                 \
+  {                                                                   \
+    const auto wv = hn::LoadU(d16, w##r + e);                         \
+    i##r##0 = hn::ReorderWidenMulAccumulate(d32, wv, v0, i##r##0, j##r##0); \
+    i##r##1 = hn::ReorderWidenMulAccumulate(d32, wv, v1, i##r##1, j##r##1); \
+  }
+      TANDEM_ROW(0)
+      TANDEM_ROW(1)
+      TANDEM_ROW(2)
+      TANDEM_ROW(3)
+#undef TANDEM_ROW
+    }
+    const float ad0 = a0.d[b], ad1 = a1.d[b];
+#define TANDEM_FA(r, c)                                                                    \
+  f##r##c = hn::MulAdd(hn::Set(df, w[r].d[b] * ad##c),                                     \
+                       hn::ConvertTo(df, hn::RearrangeToOddPlusEven(i##r##c, j##r##c)), f##r##c);
+    TANDEM_T42(TANDEM_FA)
+#undef TANDEM_FA
+  }
+#define TANDEM_OUT(r, c) out##c[r] = hn::GetLane(hn::SumOfLanes(df, f##r##c));
+  TANDEM_T42(TANDEM_OUT)
+#undef TANDEM_OUT
+#undef TANDEM_T42
+  if (f.kmin || f.m) {
+    for (int r = 0; r < 4; ++r) {
+      out0[r] += StagedExtras(f, nb, w[r], a0);
+      out1[r] += StagedExtras(f, nb, w[r], a1);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- fused decode kernels
 //
 // For one or two activation rows (decode) staging the weights costs more than the dot itself:
@@ -682,6 +774,9 @@ inline Scratch& GetScratch() {
 constexpr int kRowTile = 4;          // weight rows unpacked together
 constexpr int64_t kFusedMaxAct = 3;  // up to this many activation rows: fused (no staging)
 constexpr size_t kActTileBytes = size_t{1} << 20;  // staged activation bytes per tile
+// Staged int16 activation tile of the integer path: sized to stay in L2 next to the streamed
+// weights, so every group of weight rows re-reads it from L2 rather than L3.
+constexpr size_t kIntActTileBytes = size_t{256} << 10;
 
 template <class T>
 T* Grow(std::vector<T>& v, size_t n) {
@@ -706,7 +801,7 @@ void MatmulInt(TensorType wt, int64_t k, const uint8_t* w, size_t w_stride, int6
 
   const size_t act_row_bytes = static_cast<size_t>(k) * 2 + 64;
   const int64_t ra_max =
-      std::max<int64_t>(1, std::min<int64_t>(n_act, kActTileBytes / act_row_bytes));
+      std::max<int64_t>(1, std::min<int64_t>(n_act, kIntActTileBytes / act_row_bytes));
   int16_t* aq = Grow(s.aq, static_cast<size_t>(ra_max * k));
   float* ad = Grow(s.ad, static_cast<size_t>(ra_max * nb + 1));
   int16_t* amn = Grow(s.amn, static_cast<size_t>(ra_max * nbk * 16 + 16));
@@ -749,7 +844,24 @@ void MatmulInt(TensorType wt, int64_t k, const uint8_t* w, size_t w_stride, int6
         }
       }
       float out[kRowTile];
-      for (int64_t r = 0; r < ra; ++r) {
+      int64_t r = 0;
+      if (rw == 4) {
+        float out1[kRowTile];
+        for (; r + 2 <= ra; r += 2) {
+          const StagedInt& a0 = ast[static_cast<size_t>(r)];
+          const StagedInt& a1 = ast[static_cast<size_t>(r + 1)];
+          if (f.block == 32)
+            DotStagedTile42<32>(f, k, wst, a0, a1, out, out1);
+          else
+            DotStagedTile42<QK_K>(f, k, wst, a0, a1, out, out1);
+          float* yr = y + (r0 + r) * y_stride + i0;
+          for (int j = 0; j < 4; ++j) {
+            yr[j] = out[j];
+            yr[y_stride + j] = out1[j];
+          }
+        }
+      }
+      for (; r < ra; ++r) {
         const StagedInt& a = ast[static_cast<size_t>(r)];
         float* yr = y + (r0 + r) * y_stride + i0;
         if (rw == 4) {

@@ -254,12 +254,13 @@ TEST_P(KernelsSimdVsRef, LargeTiles) {
 }
 
 // Decode batches (1 to 3 activation rows) take the fused kernels (weights unpacked in
-// registers); rows not a multiple of the 4-row group and a row_begin > 0.
+// registers), larger batches the staged 4x2 register tile (odd counts: 1-row remainder); rows
+// not a multiple of the 4-row group and a row_begin > 0.
 TEST_P(KernelsSimdVsRef, SmallBatchFused) {
   const TensorType wt = GetParam();
   std::mt19937 rng(4321 + static_cast<int>(wt));
   for (int64_t k : {256, 1536}) {
-    for (int64_t n_act : {1, 2, 3}) {
+    for (int64_t n_act : {1, 2, 3, 4, 5, 7, 8, 13}) {
       SCOPED_TRACE("k=" + std::to_string(k) + " n_act=" + std::to_string(n_act));
       const int64_t rows = 11;
       const auto w = RandomWeights(rng, wt, rows, k);
