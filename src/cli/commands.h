@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "common/default_model.h"
+
 namespace tandem::cli {
 
 class Command {
@@ -28,7 +30,6 @@ std::unique_ptr<Command> make_perplexity_command(CLI::App& app);
 std::unique_ptr<Command> make_synth_command(CLI::App& app);
 
 // Shared helpers (main.cpp).
-std::string default_model_path();
 bool stderr_is_tty();
 // The prompt from -p (exactly as given), else -f FILE, else stdin.
 std::string read_prompt(const std::string& prompt, const std::string& file, bool have_prompt);

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/default_model.h"
 #include "common/error.h"
 #include "gguf/gguf.h"
 
@@ -89,17 +90,9 @@ inline std::string parse_error(const std::vector<uint8_t>& b) {
 // The real default model: TANDEM_MODEL, else the cache path of scripts/fetch_model.sh; "" when
 // neither exists.
 inline std::string real_model_path() {
-  if (const char* m = std::getenv("TANDEM_MODEL"); m && *m) return m;
-  std::filesystem::path cache;
-  if (const char* c = std::getenv("TANDEM_CACHE"); c && *c) {
-    cache = c;
-  } else if (const char* h = std::getenv("HOME"); h && *h) {
-    cache = std::filesystem::path(h) / ".cache" / "tandem";
-  } else {
-    return "";
-  }
-  const auto p = cache / "models" / "gemma-3-270m-q4_k_m.gguf";
-  return std::filesystem::exists(p) ? p.string() : "";
+  const std::string p = default_model_path();
+  if (const char* m = std::getenv("TANDEM_MODEL"); m && *m) return p;
+  return std::filesystem::exists(p) ? p : "";
 }
 
 }  // namespace tandem::testing

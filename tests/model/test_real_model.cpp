@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/default_model.h"
 #include "common/testdata.h"
 #include "tandem/engine.h"
 #include "tokenizer/chat_template.h"
@@ -17,21 +18,10 @@
 namespace tandem {
 namespace {
 
-std::string real_model_path() {
-  if (const char* env = std::getenv("TANDEM_MODEL"); env && *env) return env;
-  std::string cache;
-  if (const char* c = std::getenv("TANDEM_CACHE"); c && *c) {
-    cache = c;
-  } else if (const char* home = std::getenv("HOME")) {
-    cache = std::string(home) + "/.cache/tandem";
-  }
-  return cache + "/models/gemma-3-270m-q4_k_m.gguf";
-}
-
 class RealModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string path = real_model_path();
+    const std::string path = default_model_path();
     if (std::filesystem::exists(path)) model_ = Model::load(path).release();
   }
   static void TearDownTestSuite() {
@@ -40,7 +30,7 @@ class RealModel : public ::testing::Test {
   }
   void SetUp() override {
     if (!model_) {
-      GTEST_SKIP() << "real model not found at " << real_model_path()
+      GTEST_SKIP() << "real model not found at " << default_model_path()
                    << " (run scripts/fetch_model.sh)";
     }
   }

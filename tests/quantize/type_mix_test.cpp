@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/default_model.h"
 #include "common/error.h"
 #include "common/testdata.h"
 #include "gguf/gguf.h"
@@ -107,13 +108,7 @@ TEST(TypeMix, Gemma270mWidthQ4KM) {
 
 // The real Gemma 3 270M Q4_K_M (made by llama.cpp), when present: same plan.
 TEST(TypeMix, RealGemmaQ4KMPlanMatchesItsTypes) {
-  std::string path;
-  for (const char* c : {"TANDEM_MODEL"}) {
-    if (const char* e = std::getenv(c)) path = e;
-  }
-  if (path.empty() && std::getenv("HOME")) {
-    path = std::string(std::getenv("HOME")) + "/.cache/tandem/models/gemma-3-270m-q4_k_m.gguf";
-  }
+  const std::string path = default_model_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "no real model at " << path;
   auto f = GgufFile::open(path);
   int n = 0, same = 0;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/default_model.h"
 #include "common/error.h"
 #include "common/testdata.h"
 #include "gguf/gguf.h"
@@ -395,16 +396,10 @@ TEST(ChatTemplate, ChatMLTokenizesToControlTokens) {
 // ---------------------------------------------------------------------------------------------
 // Real Gemma 3 model (skipped when absent)
 
-std::string gemma_path() {
-  if (const char* env = std::getenv("TANDEM_MODEL"); env && *env) return env;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/tandem/models/gemma-3-270m-q4_k_m.gguf";
-}
-
 class GemmaTokenizer : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string path = gemma_path();
+    const std::string path = default_model_path();
     if (!std::filesystem::exists(path)) GTEST_SKIP() << "Gemma 3 model not found at " << path;
     file_ = GgufFile::open(path);
     if (file_->get_string_opt("general.architecture").value_or("") != "gemma3")
