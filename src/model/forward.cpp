@@ -55,6 +55,13 @@ void Forward::matmul(const WeightView& w, const float* x, int n, float* y) {
   });
 }
 
+void Forward::norm_rows(const WeightView& w, const float* x, float* out, int64_t rows,
+                        int64_t len) {
+  for (int64_t r = 0; r < rows; ++r) {
+    kernels::rms_norm(x + r * len, w.f32(), out + r * len, len, c_.rms_eps);
+  }
+}
+
 void Forward::add_bias(const WeightView& b, float* y, int n, int dim) {
   if (!b.present()) return;
   const float* bias = b.f32();
@@ -157,15 +164,7 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
         }
       }
       for (int g = 0; g < group; ++g) {
-        float* sg = scores + static_cast<size_t>(g) * n_ctx;
-        const float max_score = *std::max_element(sg, sg + count);
-        double sum = 0;
-        for (int j = 0; j < count; ++j) {
-          sg[j] = std::exp(sg[j] - max_score);
-          sum += sg[j];
-        }
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int j = 0; j < count; ++j) sg[j] *= inv;
+        kernels::softmax(scores + static_cast<size_t>(g) * n_ctx, count);
         float* out = attn_.data() + (static_cast<size_t>(i) * n_head + kvh * group + g) * hdv;
         std::fill(out, out + hdv, 0.0f);
       }
@@ -202,30 +201,21 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
     const bool swa = c_.layer_is_swa[il] && c_.sliding_window > 0;
 
     // --- attention block ---
-    for (int i = 0; i < n; ++i) {
-      kernels::rms_norm(x_.data() + i * Dz, L.attn_norm.f32(), cur_.data() + i * Dz, D, c_.rms_eps);
-    }
+    norm_rows(L.attn_norm, x_.data(), cur_.data(), n, D);
     matmul(L.wq, cur_.data(), n, q_.data());
     matmul(L.wk, cur_.data(), n, k_.data());
     matmul(L.wv, cur_.data(), n, v_.data());
     add_bias(L.bq, q_.data(), n, c_.q_dim());
     add_bias(L.bk, k_.data(), n, c_.kv_dim());
     add_bias(L.bv, v_.data(), n, c_.v_dim());
+    // q/k norms act on each head of each token: [n * n_head][head_dim] rows.
+    if (L.q_norm.present()) norm_rows(L.q_norm, q_.data(), q_.data(), n * c_.n_head, c_.head_dim);
+    if (L.k_norm.present()) {
+      norm_rows(L.k_norm, k_.data(), k_.data(), n * c_.n_head_kv, c_.head_dim);
+    }
     for (int i = 0; i < n; ++i) {
       float* q = q_.data() + static_cast<size_t>(i) * c_.q_dim();
       float* k = k_.data() + static_cast<size_t>(i) * c_.kv_dim();
-      if (L.q_norm.present()) {
-        for (int h = 0; h < c_.n_head; ++h) {
-          float* qh = q + static_cast<size_t>(h) * c_.head_dim;
-          kernels::rms_norm(qh, L.q_norm.f32(), qh, c_.head_dim, c_.rms_eps);
-        }
-      }
-      if (L.k_norm.present()) {
-        for (int h = 0; h < c_.n_head_kv; ++h) {
-          float* kh = k + static_cast<size_t>(h) * c_.head_dim;
-          kernels::rms_norm(kh, L.k_norm.f32(), kh, c_.head_dim, c_.rms_eps);
-        }
-      }
       rope(q, c_.n_head, batch[i].pos, swa);
       rope(k, c_.n_head_kv, batch[i].pos, swa);
       if (c_.query_scale != 1.0f) {
@@ -239,18 +229,11 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
     }
     attention(il, batch, cache);
     matmul(L.wo, attn_.data(), n, proj_.data());
-    if (L.post_attn_norm.present()) {
-      for (int i = 0; i < n; ++i) {
-        float* p = proj_.data() + i * Dz;
-        kernels::rms_norm(p, L.post_attn_norm.f32(), p, D, c_.rms_eps);
-      }
-    }
+    if (L.post_attn_norm.present()) norm_rows(L.post_attn_norm, proj_.data(), proj_.data(), n, D);
     for (size_t j = 0; j < n * Dz; ++j) x_[j] += proj_[j];
 
     // --- feed-forward block ---
-    for (int i = 0; i < n; ++i) {
-      kernels::rms_norm(x_.data() + i * Dz, L.ffn_norm.f32(), cur_.data() + i * Dz, D, c_.rms_eps);
-    }
+    norm_rows(L.ffn_norm, x_.data(), cur_.data(), n, D);
     matmul(L.ffn_gate, cur_.data(), n, gate_.data());
     matmul(L.ffn_up, cur_.data(), n, up_.data());
     const size_t nff = static_cast<size_t>(n) * c_.n_ff;
@@ -260,12 +243,7 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
       kernels::swiglu(gate_.data(), up_.data(), gate_.data(), nff);
     }
     matmul(L.ffn_down, gate_.data(), n, proj_.data());
-    if (L.post_ffn_norm.present()) {
-      for (int i = 0; i < n; ++i) {
-        float* p = proj_.data() + i * Dz;
-        kernels::rms_norm(p, L.post_ffn_norm.f32(), p, D, c_.rms_eps);
-      }
-    }
+    if (L.post_ffn_norm.present()) norm_rows(L.post_ffn_norm, proj_.data(), proj_.data(), n, D);
     for (size_t j = 0; j < n * Dz; ++j) x_[j] += proj_[j];
     if (probe && *probe) (*probe)(il, x_.data(), n);
   }

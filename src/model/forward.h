@@ -44,6 +44,8 @@ class Forward {
   void ensure_scratch(int n);
   // y[n][w.ne1] = x[n][w.ne0] · wᵀ, with the activation rounding llama.cpp applies.
   void matmul(const WeightView& w, const float* x, int n, float* y);
+  // out[r] = rms_norm(x[r]) * w for rows of `len` floats (in place when out == x).
+  void norm_rows(const WeightView& w, const float* x, float* out, int64_t rows, int64_t len);
   void add_bias(const WeightView& b, float* y, int n, int dim);
   void rope(float* x, int n_heads, int pos, bool swa_layer);
   void attention(int layer, std::span<const BatchToken> batch, KvCache& cache);
