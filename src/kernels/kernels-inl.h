@@ -89,15 +89,6 @@ HWY_INLINE const uint16_t* BitTable() {
   return kBits;
 }
 
-HWY_INLINE void ScaleMinK4(int j, const uint8_t* s, int* sc, int* m) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *m = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
 
 // Stores v (u16 lanes holding small non-negative values or two's complement) as int16.
 HWY_INLINE void StoreI16(hn::Vec<DI16s> v, int16_t* p) {
@@ -172,7 +163,7 @@ void UnpackK(const void* src, int64_t nb, const StagedInt& st) {
       using B = std::conditional_t<T == TensorType::Q4_K, BlockQ4_K, BlockQ5_K>;
       const B* b = static_cast<const B*>(src) + i;
       int sc[8], m[8];
-      for (int j = 0; j < 8; ++j) ScaleMinK4(j, b->scales, &sc[j], &m[j]);
+      for (int j = 0; j < 8; ++j) unpack_scale_min_k4(j, b->scales, &sc[j], &m[j]);
       for (int c = 0; c < 4; ++c) {
         const auto s_lo = hn::Set(du, static_cast<uint16_t>(sc[2 * c]));
         const auto s_hi = hn::Set(du, static_cast<uint16_t>(sc[2 * c + 1]));
@@ -221,17 +212,7 @@ void UnpackK(const void* src, int64_t nb, const StagedInt& st) {
     } else if constexpr (T == TensorType::Q3_K) {
       const auto* b = static_cast<const BlockQ3_K*>(src) + i;
       int8_t sc[16];
-      {
-        uint32_t aux[4];
-        std::memcpy(aux, b->scales, 12);
-        const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
-        const uint32_t tmp = aux[2];
-        aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
-        aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
-        aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
-        aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
-        std::memcpy(sc, aux, 16);
-      }
+      unpack_q3k_scales(b->scales, sc);
       const auto k4 = hn::Set(du, 4);
       for (int h = 0; h < 2; ++h)
         for (size_t l = 0; l < 32; l += N) {
@@ -561,7 +542,7 @@ HWY_INLINE void FusedDot(const uint8_t* const* wr, const StagedInt& a, int64_t k
           using B = std::conditional_t<T == TensorType::Q4_K, BlockQ4_K, BlockQ5_K>;
           const auto* blk = reinterpret_cast<const B*>(wr[r]) + b;
           int sc[8], m[8];
-          for (int j = 0; j < 8; ++j) ScaleMinK4(j, blk->scales, &sc[j], &m[j]);
+          for (int j = 0; j < 8; ++j) unpack_scale_min_k4(j, blk->scales, &sc[j], &m[j]);
           for (int c = 0; c < 4; ++c) {
             const auto s_lo = hn::Set(di, static_cast<int16_t>(sc[2 * c]));
             const auto s_hi = hn::Set(di, static_cast<int16_t>(sc[2 * c + 1]));

@@ -40,30 +40,6 @@ struct KBlock {
   bool has_min;
 };
 
-// Scale/min j (0..7) of the 12-byte packed 6-bit scales of Q4_K/Q5_K.
-void scale_min_k4(int j, const uint8_t* s, int* sc, int* m) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *m = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
-// The 16 6-bit scales of Q3_K (still biased by +32).
-void q3k_scales(const uint8_t* packed, int8_t out[16]) {
-  uint32_t aux[4];
-  std::memcpy(aux, packed, 12);
-  const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
-  const uint32_t tmp = aux[2];
-  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
-  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
-  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
-  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
-  std::memcpy(out, aux, 16);
-}
-
 void unpack(const BlockQ2_K& b, KBlock& k) {
   for (int h = 0; h < 2; ++h)
     for (int j = 0; j < 4; ++j)
@@ -86,7 +62,7 @@ void unpack(const BlockQ3_K& b, KBlock& k) {
         k.q[128 * h + 32 * j + l] = lo - (hi ? 0 : 4);
       }
   int8_t s[16];
-  q3k_scales(b.scales, s);
+  unpack_q3k_scales(b.scales, s);
   for (int g = 0; g < 16; ++g) {
     k.sc[g] = s[g] - 32;
     k.mn[g] = 0;
@@ -104,7 +80,7 @@ void unpack(const BlockQ4_K& b, KBlock& k) {
     }
   for (int j = 0; j < 8; ++j) {
     int sc, m;
-    scale_min_k4(j, b.scales, &sc, &m);
+    unpack_scale_min_k4(j, b.scales, &sc, &m);
     k.sc[2 * j] = k.sc[2 * j + 1] = sc;
     k.mn[2 * j] = k.mn[2 * j + 1] = m;
   }
@@ -121,7 +97,7 @@ void unpack(const BlockQ5_K& b, KBlock& k) {
     }
   for (int j = 0; j < 8; ++j) {
     int sc, m;
-    scale_min_k4(j, b.scales, &sc, &m);
+    unpack_scale_min_k4(j, b.scales, &sc, &m);
     k.sc[2 * j] = k.sc[2 * j + 1] = sc;
     k.mn[2 * j] = k.mn[2 * j + 1] = m;
   }

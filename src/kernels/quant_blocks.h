@@ -168,4 +168,29 @@ static_assert(sizeof(BlockQ8_K) == 292);
 
 #pragma pack(pop)
 
+// Scale and min of sub-block j (0..7) from the 12 packed 6-bit scales of Q4_K/Q5_K (layout in
+// BlockQ4_K's comment).
+inline void unpack_scale_min_k4(int j, const uint8_t* s, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// The 16 6-bit sub-block scales of Q3_K (still biased by +32) from its 12 packed bytes.
+inline void unpack_q3k_scales(const uint8_t* packed, int8_t out[16]) {
+  uint32_t aux[4];
+  std::memcpy(aux, packed, 12);
+  const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+  const uint32_t tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+  std::memcpy(out, aux, 16);
+}
+
 }  // namespace tandem::kernels

@@ -144,16 +144,6 @@ void q8_0(const float* x, k::BlockQ8_0* y, int64_t nb) {
 
 // ---- K-quants ----
 
-void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
-  if (j < 4) {
-    *d = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
-  }
-}
-
 void q2_k(const float* x, k::BlockQ2_K* y, int64_t nb) {
   constexpr int QK_K = k::QK_K;
   uint8_t L[QK_K], Laux[16];
@@ -306,8 +296,8 @@ void k4_scales(const float* x, int nmax, float rmin, int nstep, uint16_t* out_d,
   *out_d = fp16(max_scale / 63.f);
   *out_dmin = fp16(max_min / 63.f);
   for (int j = 0; j < QK_K / 32; ++j) {
-    uint8_t sc, m;
-    get_scale_min_k4(j, packed, &sc, &m);
+    int sc, m;
+    k::unpack_scale_min_k4(j, packed, &sc, &m);
     const float d = fp32(*out_d) * sc;
     if (!d) continue;
     const float dm = fp32(*out_dmin) * m;
