@@ -1,0 +1,448 @@
+// Integer dot products of quantized weight rows with quantized activation rows (Highway),
+// included by kernels-inl.h once per SIMD target.
+//
+// Weights are read straight from their GGUF blocks (memory-mapped, never copied or repacked)
+// and decoded in registers to 8-bit lanes, 32 elements per block step:
+//   * K-quants (Q2_K..Q6_K) decode to unsigned values u and a per-16-element integer scale s and
+//     "min" mn, so that w = d * s * u - dmin * mn for every element (Q6_K: u = q, mn = 32 * s,
+//     dmin = d; Q3_K: u = q + 4, mn = 4 * s). sum(w * a) over a super-block is then
+//     d * sum(s * u * a) - dmin * sum(mn * bsum), where bsum (per 16 activations) comes with the
+//     Q8_K activation block.
+//   * 32-element types decode to signed values (Q4_0, Q5_0, Q8_0) or unsigned ones plus a
+//     float min (Q4_1, Q5_1, whose activation block Q8_1 carries d * sum(a)).
+// The multiply is the u8 x s8 -> s16 pairwise multiply-add (pmaddubsw on x86; an emulation from
+// 16-bit ops elsewhere); signed weights go through it as |w| x (a * sign(w)). The s16 pair sums
+// are then multiplied by the sub-block scale (or 1) and summed pairwise into s32 (pmaddwd).
+// No step saturates: |w| <= 128 and |a| <= 127 (quantize_activation_row never writes -128), so a
+// pair sum is at most 2 * 128 * 127 < 2^15, and a super-block's s32 sum stays below 2^31. The
+// integer sums per block are therefore exactly ggml's; only the f32 accumulation order differs.
+//
+// One call of DotRow computes one weight row against RA activation rows (RA = 1 for decode, 4 for
+// prefill): each weight block is decoded once and used RA times.
+
+#if defined(TANDEM_QUANT_DOT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TANDEM_QUANT_DOT_INL_H_
+#undef TANDEM_QUANT_DOT_INL_H_
+#else
+#define TANDEM_QUANT_DOT_INL_H_
+#endif
+
+#include <cstring>
+#include <type_traits>
+
+#include "common/tensor_type.h"
+#include "hwy/highway.h"
+#include "kernels/quant_blocks.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tandem::kernels {
+namespace HWY_NAMESPACE {
+namespace qd {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The scalar target has one lane per vector: it uses the reference kernels instead.
+#if HWY_TARGET != HWY_SCALAR
+
+// 32 int8 lanes where the target has 256-bit vectors, else 16: one step covers 32 elements.
+using D8 = hn::CappedTag<int8_t, 32>;
+using DU8 = hn::RebindToUnsigned<D8>;
+using D16 = hn::Repartition<int16_t, D8>;
+using D32 = hn::Repartition<int32_t, D8>;
+using DF = hn::Repartition<float, D8>;
+using V8 = hn::Vec<D8>;
+using VU8 = hn::Vec<DU8>;
+using V16 = hn::Vec<D16>;
+using V32 = hn::Vec<D32>;
+using VF = hn::Vec<DF>;
+constexpr size_t kN = hn::MaxLanes(D8());
+constexpr size_t kPer32 = 32 / kN;  // vectors per 32 elements (1 or 2)
+static_assert(kN == 16 || kN == 32, "quant_dot expects 128- or 256-bit int8 vectors");
+
+// ---------------------------------------------------------------- target primitives
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+HWY_INLINE hn::Vec128<int16_t> MulPairs(hn::Vec128<uint8_t> u, hn::Vec128<int8_t> s) {
+  return hn::Vec128<int16_t>{_mm_maddubs_epi16(u.raw, s.raw)};
+}
+HWY_INLINE hn::Vec128<int8_t> ApplySign(hn::Vec128<int8_t> a, hn::Vec128<int8_t> w) {
+  return hn::Vec128<int8_t>{_mm_sign_epi8(a.raw, w.raw)};
+}
+#if HWY_TARGET <= HWY_AVX2
+HWY_INLINE hn::Vec256<int16_t> MulPairs(hn::Vec256<uint8_t> u, hn::Vec256<int8_t> s) {
+  return hn::Vec256<int16_t>{_mm256_maddubs_epi16(u.raw, s.raw)};
+}
+HWY_INLINE hn::Vec256<int8_t> ApplySign(hn::Vec256<int8_t> a, hn::Vec256<int8_t> w) {
+  return hn::Vec256<int8_t>{_mm256_sign_epi8(a.raw, w.raw)};
+}
+#endif
+// acc + pairwise sums of p * s (pmaddwd).
+HWY_INLINE V32 MulAddPairs(V16 p, V16 s, V32 acc) {
+  V32 unused = hn::Zero(D32());
+  return hn::ReorderWidenMulAccumulate(D32(), p, s, acc, unused);
+}
+#else
+// u8 x s8 -> s16: lane i = sat(u[2i] * s[2i] + u[2i+1] * s[2i+1]), from 16-bit operations.
+HWY_INLINE V16 MulPairs(VU8 u, V8 s) {
+  const D16 d16;
+  const hn::RebindToUnsigned<D16> du16;
+  const auto u_even = hn::BitCast(d16, hn::And(hn::BitCast(du16, u), hn::Set(du16, 0xFF)));
+  const auto u_odd = hn::BitCast(d16, hn::ShiftRight<8>(hn::BitCast(du16, u)));
+  const auto s16 = hn::BitCast(d16, s);
+  const auto s_even = hn::ShiftRight<8>(hn::ShiftLeft<8>(s16));
+  const auto s_odd = hn::ShiftRight<8>(s16);
+  return hn::SaturatedAdd(hn::Mul(u_even, s_even), hn::Mul(u_odd, s_odd));
+}
+// a where w > 0, -a where w < 0 (lanes with w == 0 are multiplied by |w| = 0 anyway).
+HWY_INLINE V8 ApplySign(V8 a, V8 w) {
+  return hn::IfThenElse(hn::Lt(w, hn::Zero(D8())), hn::Neg(a), a);
+}
+HWY_INLINE V32 MulAddPairs(V16 p, V16 s, V32 acc) {
+  V32 s1 = hn::Zero(D32());
+  const V32 s0 = hn::ReorderWidenMulAccumulate(D32(), p, s, hn::Zero(D32()), s1);
+  return hn::Add(acc, hn::RearrangeToOddPlusEven(s0, s1));
+}
+#endif
+
+HWY_INLINE float HalfToFloat(uint16_t h) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return _cvtsh_ss(h);  // F16C is part of Highway's AVX2 target
+#elif HWY_ARCH_ARM_A64
+  __fp16 v;
+  std::memcpy(&v, &h, 2);
+  return static_cast<float>(v);
+#else
+  return fp16_to_fp32(h);
+#endif
+}
+
+HWY_INLINE uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// Elements [0, 32) of a 16-byte nibble array (element j < 16: low nibble of qs[j]; j >= 16: high
+// nibble of qs[j - 16]) as kPer32 vectors.
+template <size_t N = kN>
+HWY_INLINE void Nibbles32(const uint8_t* qs, VU8* out) {
+  const DU8 du;
+  if constexpr (N == 32) {
+    const hn::Half<DU8> dh;
+    const auto v = hn::LoadU(dh, qs);
+    out[0] = hn::Combine(du, hn::ShiftRight<4>(v), hn::And(v, hn::Set(dh, 0x0F)));
+  } else {
+    const auto v = hn::LoadU(du, qs);
+    out[0] = hn::And(v, hn::Set(du, 0x0F));
+    out[kPer32 - 1] = hn::ShiftRight<4>(v);
+  }
+}
+
+// Lane i: 0x10 when bit e0 + i of qh is set (the fifth bit of Q5_0/Q5_1), else 0.
+HWY_INLINE VU8 FifthBits(uint32_t qh, size_t e0) {
+  alignas(32) static constexpr uint8_t kByte[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                    2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+  alignas(32) static constexpr uint8_t kBit[32] = {1,  2,   4,  8,  16,  32, 64, 128, 1,  2,  4,
+                                                   8,  16,  32, 64, 128, 1,  2,  4,   8,  16, 32,
+                                                   64, 128, 1,  2,  4,   8,  16, 32,  64, 128};
+  const DU8 du;
+  const hn::Repartition<uint32_t, DU8> du32;
+  // Every 32-bit lane holds qh, so each 128-bit block has its four bytes at 0..3.
+  const auto bytes =
+      hn::TableLookupBytes(hn::BitCast(du, hn::Set(du32, qh)), hn::LoadU(du, kByte + e0));
+  return hn::IfThenElseZero(hn::TestBit(bytes, hn::LoadU(du, kBit + e0)), hn::Set(du, 0x10));
+}
+
+// ---------------------------------------------------------------- 32-element block types
+
+template <TensorType T>
+struct Block32;
+template <>
+struct Block32<TensorType::Q4_0> {
+  using B = BlockQ4_0;
+  using A = BlockQ8_0;
+  static constexpr bool kSigned = true;
+};
+template <>
+struct Block32<TensorType::Q4_1> {
+  using B = BlockQ4_1;
+  using A = BlockQ8_1;
+  static constexpr bool kSigned = false;
+};
+template <>
+struct Block32<TensorType::Q5_0> {
+  using B = BlockQ5_0;
+  using A = BlockQ8_0;
+  static constexpr bool kSigned = true;
+};
+template <>
+struct Block32<TensorType::Q5_1> {
+  using B = BlockQ5_1;
+  using A = BlockQ8_1;
+  static constexpr bool kSigned = false;
+};
+template <>
+struct Block32<TensorType::Q8_0> {
+  using B = BlockQ8_0;
+  using A = BlockQ8_0;
+  static constexpr bool kSigned = true;
+};
+
+// The 32 integer weights of one block: signed values for Q4_0/Q5_0/Q8_0, unsigned (as u8 bits
+// in a signed vector) for Q4_1/Q5_1.
+template <TensorType T>
+HWY_INLINE void Decode32(const typename Block32<T>::B& b, V8* w) {
+  const D8 d8;
+  if constexpr (T == TensorType::Q8_0) {
+    for (size_t j = 0; j < kPer32; ++j) w[j] = hn::LoadU(d8, b.qs + j * kN);
+  } else {
+    VU8 u[kPer32];
+    Nibbles32(b.qs, u);
+    if constexpr (T == TensorType::Q5_0 || T == TensorType::Q5_1) {
+      uint32_t qh;
+      std::memcpy(&qh, b.qh, 4);
+      for (size_t j = 0; j < kPer32; ++j) u[j] = hn::Or(u[j], FifthBits(qh, j * kN));
+    }
+    constexpr int kOffset = T == TensorType::Q4_0 ? 8 : T == TensorType::Q5_0 ? 16 : 0;
+    for (size_t j = 0; j < kPer32; ++j) {
+      w[j] = hn::BitCast(d8, u[j]);
+      if constexpr (kOffset != 0) w[j] = hn::Sub(w[j], hn::Set(d8, kOffset));
+    }
+  }
+}
+
+// out[r] = dot(weight row w, activation row a[r]) for RA activation rows.
+template <TensorType T, int RA>
+HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, int64_t nb, float* out) {
+  using Info = Block32<T>;
+  using B = typename Info::B;
+  using A = typename Info::A;
+  const D8 d8;
+  const DU8 du8;
+  const D16 d16;
+  const D32 d32;
+  const DF df;
+  const auto ones = hn::Set(d16, 1);
+  VF facc[RA];
+  float extra[RA];
+  for (int r = 0; r < RA; ++r) {
+    facc[r] = hn::Zero(df);
+    extra[r] = 0.0f;
+  }
+  const B* wb = reinterpret_cast<const B*>(w);
+  for (int64_t b = 0; b < nb; ++b) {
+    V8 wv[kPer32];
+    Decode32<T>(wb[b], wv);
+    VU8 wu[kPer32];
+    for (size_t j = 0; j < kPer32; ++j)
+      wu[j] = Info::kSigned ? hn::BitCast(du8, hn::Abs(wv[j])) : hn::BitCast(du8, wv[j]);
+    const float dw = HalfToFloat(wb[b].d);
+    for (int r = 0; r < RA; ++r) {
+      const A* ab = reinterpret_cast<const A*>(a[r]) + b;
+      V32 isum = hn::Zero(d32);
+      for (size_t j = 0; j < kPer32; ++j) {
+        V8 av = hn::LoadU(d8, ab->qs + j * kN);
+        if constexpr (Info::kSigned) av = ApplySign(av, wv[j]);
+        isum = MulAddPairs(MulPairs(wu[j], av), ones, isum);
+      }
+      facc[r] = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, dw * HalfToFloat(ab->d)), facc[r]);
+      if constexpr (!Info::kSigned) extra[r] += HalfToFloat(wb[b].m) * HalfToFloat(ab->s);
+    }
+  }
+  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r])) + extra[r];
+}
+
+// ---------------------------------------------------------------- K-quants
+
+// Per super-block: integer scale and min of each 16-element group, and the two f32 factors.
+struct KScales {
+  alignas(32) int16_t sc[16];
+  alignas(32) int16_t mn[16];
+  float d;
+  float dmin;
+};
+
+template <TensorType T>
+struct BlockK;
+template <>
+struct BlockK<TensorType::Q2_K> {
+  using B = BlockQ2_K;
+};
+template <>
+struct BlockK<TensorType::Q3_K> {
+  using B = BlockQ3_K;
+};
+template <>
+struct BlockK<TensorType::Q4_K> {
+  using B = BlockQ4_K;
+};
+template <>
+struct BlockK<TensorType::Q5_K> {
+  using B = BlockQ5_K;
+};
+template <>
+struct BlockK<TensorType::Q6_K> {
+  using B = BlockQ6_K;
+};
+
+template <TensorType T>
+HWY_INLINE void DecodeScales(const typename BlockK<T>::B& b, KScales& s) {
+  if constexpr (T == TensorType::Q4_K || T == TensorType::Q5_K) {
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      unpack_scale_min_k4(j, b.scales, &sc, &m);
+      s.sc[2 * j] = s.sc[2 * j + 1] = static_cast<int16_t>(sc);
+      s.mn[2 * j] = s.mn[2 * j + 1] = static_cast<int16_t>(m);
+    }
+    s.d = HalfToFloat(b.d);
+    s.dmin = HalfToFloat(b.dmin);
+  } else if constexpr (T == TensorType::Q6_K) {
+    for (int g = 0; g < 16; ++g) {
+      s.sc[g] = b.scales[g];
+      s.mn[g] = static_cast<int16_t>(32 * b.scales[g]);
+    }
+    s.d = s.dmin = HalfToFloat(b.d);
+  } else if constexpr (T == TensorType::Q3_K) {
+    int8_t sc[16];
+    unpack_q3k_scales(b.scales, sc);
+    for (int g = 0; g < 16; ++g) {
+      s.sc[g] = static_cast<int16_t>(sc[g] - 32);
+      s.mn[g] = static_cast<int16_t>(4 * (sc[g] - 32));
+    }
+    s.d = s.dmin = HalfToFloat(b.d);
+  } else {  // Q2_K
+    for (int g = 0; g < 16; ++g) {
+      s.sc[g] = static_cast<int16_t>(b.scales[g] & 0xF);
+      s.mn[g] = static_cast<int16_t>(b.scales[g] >> 4);
+    }
+    s.d = HalfToFloat(b.d);
+    s.dmin = HalfToFloat(b.dmin);
+  }
+}
+
+// Scales of the s16 pair lanes of the kN elements starting at e0 (pair lane i covers elements
+// e0 + 2i and e0 + 2i + 1, i.e. group (e0 + 2i) / 16).
+HWY_INLINE V16 ScalesAt(const KScales& s, size_t e0) {
+  const D16 d16;
+  const size_t g = e0 / 16;
+  if constexpr (kN == 32) {
+    return hn::ConcatLowerLower(d16, hn::Set(d16, s.sc[g + 1]), hn::Set(d16, s.sc[g]));
+  } else {
+    return hn::Set(d16, s.sc[g]);
+  }
+}
+
+// Calls f(u, e0) with the unsigned values of elements [e0, e0 + kN) for every e0 of the block.
+template <TensorType T, class F>
+HWY_INLINE void ForEachChunk(const typename BlockK<T>::B& b, F&& f) {
+  const DU8 du;
+  const auto k0F = hn::Set(du, 0x0F);
+  const auto k3 = hn::Set(du, 3);
+  if constexpr (T == TensorType::Q4_K || T == TensorType::Q5_K) {
+    for (size_t c = 0; c < 4; ++c) {
+      for (size_t j = 0; j < 32; j += kN) {
+        const auto v = hn::LoadU(du, b.qs + 32 * c + j);
+        auto lo = hn::And(v, k0F);
+        auto hi = hn::ShiftRight<4>(v);
+        if constexpr (T == TensorType::Q5_K) {
+          const auto h = hn::LoadU(du, b.qh + j);
+          const auto k16 = hn::Set(du, 16);
+          const auto bit_lo = hn::Set(du, static_cast<uint8_t>(1u << (2 * c)));
+          const auto bit_hi = hn::Set(du, static_cast<uint8_t>(2u << (2 * c)));
+          lo = hn::Or(lo, hn::IfThenElseZero(hn::TestBit(h, bit_lo), k16));
+          hi = hn::Or(hi, hn::IfThenElseZero(hn::TestBit(h, bit_hi), k16));
+        }
+        f(lo, 64 * c + j);
+        f(hi, 64 * c + 32 + j);
+      }
+    }
+  } else if constexpr (T == TensorType::Q6_K) {
+    for (size_t h = 0; h < 2; ++h) {
+      const uint8_t* ql = b.ql + 64 * h;
+      const uint8_t* qh = b.qh + 32 * h;
+      for (size_t l = 0; l < 32; l += kN) {
+        const auto va = hn::LoadU(du, ql + l);
+        const auto vc = hn::LoadU(du, ql + 32 + l);
+        const auto hb = hn::LoadU(du, qh + l);
+        f(hn::Or(hn::And(va, k0F), hn::ShiftLeft<4>(hn::And(hb, k3))), 128 * h + l);
+        f(hn::Or(hn::And(vc, k0F), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<2>(hb), k3))),
+          128 * h + 32 + l);
+        f(hn::Or(hn::ShiftRight<4>(va), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<4>(hb), k3))),
+          128 * h + 64 + l);
+        f(hn::Or(hn::ShiftRight<4>(vc), hn::ShiftLeft<4>(hn::ShiftRight<6>(hb))), 128 * h + 96 + l);
+      }
+    }
+  } else {  // Q2_K / Q3_K: 2-bit fields, Q3_K plus a third bit from hmask
+    for (size_t h = 0; h < 2; ++h) {
+      for (size_t l = 0; l < 32; l += kN) {
+        const auto qv = hn::LoadU(du, b.qs + 32 * h + l);
+        for (int j = 0; j < 4; ++j) {
+          auto u = hn::And(hn::ShiftRightSame(qv, 2 * j), k3);
+          if constexpr (T == TensorType::Q3_K) {
+            const auto hm = hn::LoadU(du, b.hmask + l);
+            const auto bit = hn::Set(du, static_cast<uint8_t>(1u << (4 * h + j)));
+            u = hn::Or(u, hn::IfThenElseZero(hn::TestBit(hm, bit), hn::Set(du, 4)));
+          }
+          f(u, 128 * h + 32 * j + l);
+        }
+      }
+    }
+  }
+}
+
+template <TensorType T, int RA>
+HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, float* out) {
+  using B = typename BlockK<T>::B;
+  const D8 d8;
+  const D16 d16;
+  const D32 d32;
+  const DF df;
+  VF facc[RA];
+  for (int r = 0; r < RA; ++r) facc[r] = hn::Zero(df);
+  const B* wb = reinterpret_cast<const B*>(w);
+  for (int64_t b = 0; b < nb; ++b) {
+    KScales s;
+    DecodeScales<T>(wb[b], s);
+    const BlockQ8_K* ab[RA];
+    V32 iacc[RA];
+    for (int r = 0; r < RA; ++r) {
+      ab[r] = reinterpret_cast<const BlockQ8_K*>(a[r]) + b;
+      iacc[r] = hn::Zero(d32);
+    }
+    ForEachChunk<T>(wb[b], [&](VU8 u, size_t e0) HWY_ATTR {
+      const V16 scl = ScalesAt(s, e0);
+      for (int r = 0; r < RA; ++r)
+        iacc[r] = MulAddPairs(MulPairs(u, hn::LoadU(d8, ab[r]->qs + e0)), scl, iacc[r]);
+    });
+    for (int r = 0; r < RA; ++r) {
+      V32 msum = hn::Zero(d32);
+      for (size_t g = 0; g < 16; g += hn::Lanes(d16))
+        msum = MulAddPairs(hn::LoadU(d16, s.mn + g), hn::LoadU(d16, ab[r]->bsums + g), msum);
+      const float ad = ab[r]->d;
+      facc[r] = hn::MulAdd(hn::ConvertTo(df, iacc[r]), hn::Set(df, s.d * ad), facc[r]);
+      facc[r] = hn::MulAdd(hn::ConvertTo(df, msum), hn::Set(df, -s.dmin * ad), facc[r]);
+    }
+  }
+  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r]));
+}
+
+// ---------------------------------------------------------------- dispatch on the weight type
+
+// out[r] = dot(weight row w, activation row a[r]), r < RA; k elements.
+template <TensorType T, int RA>
+HWY_INLINE void DotRow(const uint8_t* w, const uint8_t* const* a, int64_t k, float* out) {
+  if constexpr (T == TensorType::Q2_K || T == TensorType::Q3_K || T == TensorType::Q4_K ||
+                T == TensorType::Q5_K || T == TensorType::Q6_K) {
+    DotRowK<T, RA>(w, a, k / QK_K, out);
+  } else {
+    DotRow32<T, RA>(w, a, k / 32, out);
+  }
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
+
+}  // namespace qd
+}  // namespace HWY_NAMESPACE
+}  // namespace tandem::kernels
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard
