@@ -84,6 +84,10 @@ HWY_INLINE void DotF32Multi(int64_t n, const float* const* w, const float* a, fl
 
 struct Scratch {
   std::vector<float> wf, af;  // f16/bf16 rows widened to f32
+#if HWY_TARGET != HWY_SCALAR
+  std::vector<float> act_scales;  // f32 scales of 32-element activation blocks
+  std::vector<qd::ActScales32> act_rows;
+#endif
 };
 inline Scratch& GetScratch() {
   static thread_local Scratch s;
@@ -117,9 +121,23 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
                  const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
                  int64_t y_stride) {
   constexpr int kTile = 4;
+  constexpr bool kBlock32 = qd::IsBlock32(T);
   const int64_t panel = std::max<int64_t>(
       kTile,
       static_cast<int64_t>(kActPanelBytes / std::max<size_t>(act_stride, 1)) / kTile * kTile);
+  // 32-element types: the activation rows' f32 block scales, once per call.
+  const int64_t nb = k / 32;
+  Scratch& scratch = GetScratch();
+  qd::ActScales32* scales = nullptr;
+  if constexpr (kBlock32) {
+    float* buf = Grow(scratch.act_scales, static_cast<size_t>(2 * n_act * nb));
+    scales = Grow(scratch.act_rows, static_cast<size_t>(n_act));
+    for (int64_t r = 0; r < n_act; ++r) {
+      float* d = buf + 2 * r * nb;
+      qd::ComputeActScales32(activation_type(T), acts + r * act_stride, nb, d, d + nb);
+      scales[r] = {d, d + nb};
+    }
+  }
   for (int64_t p0 = 0; p0 < n_act; p0 += panel) {
     const int64_t p1 = std::min(n_act, p0 + panel);
     for (int64_t i = row_begin; i < row_end; ++i) {
@@ -129,14 +147,15 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
       float out[kTile];
       for (; r + kTile <= p1; r += kTile) {
         for (int j = 0; j < kTile; ++j) a[j] = acts + (r + j) * act_stride;
-        qd::DotRow<T, kTile>(wr, a, k, out);
+        qd::DotRow<T, kTile>(wr, a, scales + r, k, out);
         for (int j = 0; j < kTile; ++j) y[(r + j) * y_stride + i] = out[j];
       }
       const int rest = static_cast<int>(p1 - r);
       for (int j = 0; j < rest; ++j) a[j] = acts + (r + j) * act_stride;
-      if (rest == 3) qd::DotRow<T, 3>(wr, a, k, out);
-      if (rest == 2) qd::DotRow<T, 2>(wr, a, k, out);
-      if (rest == 1) qd::DotRow<T, 1>(wr, a, k, out);
+      const qd::ActScales32* rs = kBlock32 ? scales + r : nullptr;
+      if (rest == 3) qd::DotRow<T, 3>(wr, a, rs, k, out);
+      if (rest == 2) qd::DotRow<T, 2>(wr, a, rs, k, out);
+      if (rest == 1) qd::DotRow<T, 1>(wr, a, rs, k, out);
       for (int j = 0; j < rest; ++j) y[(r + j) * y_stride + i] = out[j];
     }
   }

@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "common/tensor_type.h"
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/quant_blocks.h"
 
@@ -154,41 +155,44 @@ HWY_INLINE VU8 FifthBits(uint32_t qh, size_t e0) {
 
 // ---------------------------------------------------------------- 32-element block types
 
+// Q4_0/Q5_0 are stored as u - offset with u unsigned; Q4_1/Q5_1 as d * u + m. Both go through
+// the unsigned multiply: sum(w * a) = d * da * sum(u * a) + c * da * sum(a), with c = -offset * d
+// or m. Q8_0 weights are signed and go through |w| x (a * sign(w)).
+constexpr bool IsBlock32(TensorType t) {
+  return t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q5_0 ||
+         t == TensorType::Q5_1 || t == TensorType::Q8_0;
+}
+
 template <TensorType T>
 struct Block32;
 template <>
 struct Block32<TensorType::Q4_0> {
   using B = BlockQ4_0;
-  using A = BlockQ8_0;
-  static constexpr bool kSigned = true;
+  static constexpr int kOffset = 8;
 };
 template <>
 struct Block32<TensorType::Q4_1> {
   using B = BlockQ4_1;
-  using A = BlockQ8_1;
-  static constexpr bool kSigned = false;
+  static constexpr int kOffset = 0;
 };
 template <>
 struct Block32<TensorType::Q5_0> {
   using B = BlockQ5_0;
-  using A = BlockQ8_0;
-  static constexpr bool kSigned = true;
+  static constexpr int kOffset = 16;
 };
 template <>
 struct Block32<TensorType::Q5_1> {
   using B = BlockQ5_1;
-  using A = BlockQ8_1;
-  static constexpr bool kSigned = false;
+  static constexpr int kOffset = 0;
 };
 template <>
 struct Block32<TensorType::Q8_0> {
   using B = BlockQ8_0;
-  using A = BlockQ8_0;
-  static constexpr bool kSigned = true;
+  static constexpr int kOffset = 0;
 };
 
-// The 32 integer weights of one block: signed values for Q4_0/Q5_0/Q8_0, unsigned (as u8 bits
-// in a signed vector) for Q4_1/Q5_1.
+// The 32 integer weights of one block: signed values for Q8_0, the unsigned u (as u8 bits in a
+// signed vector) for the others.
 template <TensorType T>
 HWY_INLINE void Decode32(const typename Block32<T>::B& b, V8* w) {
   const D8 d8;
@@ -202,20 +206,49 @@ HWY_INLINE void Decode32(const typename Block32<T>::B& b, V8* w) {
       std::memcpy(&qh, b.qh, 4);
       for (size_t j = 0; j < kPer32; ++j) u[j] = hn::Or(u[j], FifthBits(qh, j * kN));
     }
-    constexpr int kOffset = T == TensorType::Q4_0 ? 8 : T == TensorType::Q5_0 ? 16 : 0;
-    for (size_t j = 0; j < kPer32; ++j) {
-      w[j] = hn::BitCast(d8, u[j]);
-      if constexpr (kOffset != 0) w[j] = hn::Sub(w[j], hn::Set(d8, kOffset));
+    for (size_t j = 0; j < kPer32; ++j) w[j] = hn::BitCast(d8, u[j]);
+  }
+}
+
+// f32 scales of one activation row of 32-element blocks (Q8_0 or Q8_1), converted once per call:
+// d[b] and s[b] = d * sum(q) of block b.
+struct ActScales32 {
+  const float* d;
+  const float* s;
+};
+
+// Fills d[nb] and s[nb] for one Q8_0 / Q8_1 activation row.
+HWY_INLINE void ComputeActScales32(TensorType act, const uint8_t* row, int64_t nb, float* d,
+                                   float* s) {
+  const D8 d8;
+  const DU8 du8;
+  const D16 d16;
+  const D32 d32;
+  const auto ones8 = hn::Set(du8, 1);
+  const auto ones16 = hn::Set(d16, 1);
+  for (int64_t b = 0; b < nb; ++b) {
+    if (act == TensorType::Q8_1) {
+      const auto* blk = reinterpret_cast<const BlockQ8_1*>(row) + b;
+      d[b] = HalfToFloat(blk->d);
+      s[b] = HalfToFloat(blk->s);
+    } else {
+      const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+      V32 sum = hn::Zero(d32);
+      for (size_t j = 0; j < kPer32; ++j)
+        sum = MulAddPairs(MulPairs(ones8, hn::LoadU(d8, blk->qs + j * kN)), ones16, sum);
+      d[b] = HalfToFloat(blk->d);
+      s[b] = d[b] * static_cast<float>(hn::GetLane(hn::SumOfLanes(d32, sum)));
     }
   }
 }
 
 // out[r] = dot(weight row w, activation row a[r]) for RA activation rows.
 template <TensorType T, int RA>
-HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, int64_t nb, float* out) {
+HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActScales32* as,
+                         int64_t nb, float* out) {
   using Info = Block32<T>;
   using B = typename Info::B;
-  using A = typename Info::A;
+  constexpr bool kSigned = T == TensorType::Q8_0;
   const D8 d8;
   const DU8 du8;
   const D16 d16;
@@ -230,36 +263,37 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, int64_t nb, 
   }
   const B* wb = reinterpret_cast<const B*>(w);
   for (int64_t b = 0; b < nb; ++b) {
+    if constexpr (RA == 1) hwy::Prefetch(reinterpret_cast<const uint8_t*>(wb + b) + 1024);
     V8 wv[kPer32];
     Decode32<T>(wb[b], wv);
     VU8 wu[kPer32];
     for (size_t j = 0; j < kPer32; ++j)
-      wu[j] = Info::kSigned ? hn::BitCast(du8, hn::Abs(wv[j])) : hn::BitCast(du8, wv[j]);
+      wu[j] = kSigned ? hn::BitCast(du8, hn::Abs(wv[j])) : hn::BitCast(du8, wv[j]);
     const float dw = HalfToFloat(wb[b].d);
+    const auto vdw = hn::Set(df, dw);
+    float c = 0.0f;  // coefficient of d * sum(a)
+    if constexpr (Info::kOffset != 0) c = -static_cast<float>(Info::kOffset) * dw;
+    if constexpr (T == TensorType::Q4_1 || T == TensorType::Q5_1) c = HalfToFloat(wb[b].m);
     for (int r = 0; r < RA; ++r) {
-      const A* ab = reinterpret_cast<const A*>(a[r]) + b;
+      const int8_t* aq = reinterpret_cast<const int8_t*>(a[r]) +
+                         b * static_cast<int64_t>(T == TensorType::Q4_1 || T == TensorType::Q5_1
+                                                      ? sizeof(BlockQ8_1)
+                                                      : sizeof(BlockQ8_0)) +
+                         (T == TensorType::Q4_1 || T == TensorType::Q5_1 ? 4 : 2);
       V32 isum = hn::Zero(d32);
       for (size_t j = 0; j < kPer32; ++j) {
-        V8 av = hn::LoadU(d8, ab->qs + j * kN);
-        if constexpr (Info::kSigned) av = ApplySign(av, wv[j]);
+        V8 av = hn::LoadU(d8, aq + j * kN);
+        if constexpr (kSigned) av = ApplySign(av, wv[j]);
         isum = MulAddPairs(MulPairs(wu[j], av), ones, isum);
       }
-      facc[r] = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, dw * HalfToFloat(ab->d)), facc[r]);
-      if constexpr (!Info::kSigned) extra[r] += HalfToFloat(wb[b].m) * HalfToFloat(ab->s);
+      facc[r] = hn::MulAdd(hn::ConvertTo(df, isum), hn::Mul(vdw, hn::Set(df, as[r].d[b])), facc[r]);
+      if constexpr (!kSigned) extra[r] += c * as[r].s[b];
     }
   }
   for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r])) + extra[r];
 }
 
 // ---------------------------------------------------------------- K-quants
-
-// Per super-block: integer scale and min of each 16-element group, and the two f32 factors.
-struct KScales {
-  alignas(32) int16_t sc[16];
-  alignas(32) int16_t mn[16];
-  float d;
-  float dmin;
-};
 
 template <TensorType T>
 struct BlockK;
@@ -284,50 +318,114 @@ struct BlockK<TensorType::Q6_K> {
   using B = BlockQ6_K;
 };
 
+// Per super-block: integer scale and min of each 16-element group (groups 0..7 in [0], 8..15 in
+// [1], one int16 lane each), and the two f32 factors. Kept in registers: the scale of a step is
+// picked out with one byte shuffle.
+using D16x8 = hn::FixedTag<int16_t, 8>;
+using V16x8 = hn::Vec<D16x8>;
+struct KScales {
+  V16x8 sc[2];
+  V16x8 mn[2];
+  float d;
+  float dmin;
+};
+
+// Byte-shuffle indices that broadcast int16 lanes of a 128-bit scale vector: pair[p] puts lane
+// 2p in the low 128 bits and lane 2p + 1 in the high 128 bits (256-bit steps cover two groups),
+// single[q] puts lane q everywhere (128-bit steps cover one group).
+struct ScaleShuffles {
+  uint8_t pair[4][32];
+  uint8_t single[8][16];
+};
+constexpr ScaleShuffles MakeScaleShuffles() {
+  ScaleShuffles t{};
+  for (int p = 0; p < 4; ++p)
+    for (int b = 0; b < 32; ++b)
+      t.pair[p][b] = static_cast<uint8_t>(4 * p + (b < 16 ? 0 : 2) + (b & 1));
+  for (int q = 0; q < 8; ++q)
+    for (int b = 0; b < 16; ++b) t.single[q][b] = static_cast<uint8_t>(2 * q + (b & 1));
+  return t;
+}
+alignas(32) constexpr ScaleShuffles kScaleShuffles = MakeScaleShuffles();
+
+// Two 128-bit int16 vectors (groups 0..7, 8..15) from 16 group values given as bytes.
+template <class VB>
+HWY_INLINE void WidenGroups(VB bytes, V16x8* out) {
+  const D16x8 d16;
+  const hn::Half<hn::DFromV<VB>> dh;
+  out[0] = hn::PromoteTo(d16, hn::LowerHalf(dh, bytes));
+  out[1] = hn::PromoteTo(d16, hn::UpperHalf(dh, bytes));
+}
+
 template <TensorType T>
 HWY_INLINE void DecodeScales(const typename BlockK<T>::B& b, KScales& s) {
+  const hn::FixedTag<uint8_t, 16> du16b;
   if constexpr (T == TensorType::Q4_K || T == TensorType::Q5_K) {
-    for (int j = 0; j < 8; ++j) {
-      int sc, m;
-      unpack_scale_min_k4(j, b.scales, &sc, &m);
-      s.sc[2 * j] = s.sc[2 * j + 1] = static_cast<int16_t>(sc);
-      s.mn[2 * j] = s.mn[2 * j + 1] = static_cast<int16_t>(m);
-    }
+    // The eight 6-bit scales and mins (layout in BlockQ4_K's comment), four per 32-bit word.
+    uint32_t w[3];
+    std::memcpy(w, b.scales, 12);
+    const uint32_t sc_lo = w[0] & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u);
+    const uint32_t mn_lo = w[1] & 0x3f3f3f3fu;
+    const uint32_t mn_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
+    const hn::FixedTag<uint64_t, 2> d64;
+    const auto sc8 = hn::BitCast(du16b, hn::Set(d64, sc_lo | uint64_t{sc_hi} << 32));
+    const auto mn8 = hn::BitCast(du16b, hn::Set(d64, mn_lo | uint64_t{mn_hi} << 32));
+    // Each 32-element sub-block is two 16-element groups.
+    WidenGroups(hn::InterleaveLower(du16b, sc8, sc8), s.sc);
+    WidenGroups(hn::InterleaveLower(du16b, mn8, mn8), s.mn);
     s.d = HalfToFloat(b.d);
     s.dmin = HalfToFloat(b.dmin);
   } else if constexpr (T == TensorType::Q6_K) {
-    for (int g = 0; g < 16; ++g) {
-      s.sc[g] = b.scales[g];
-      s.mn[g] = static_cast<int16_t>(32 * b.scales[g]);
-    }
+    const hn::FixedTag<int8_t, 16> di16b;
+    WidenGroups(hn::LoadU(di16b, b.scales), s.sc);
+    for (int h = 0; h < 2; ++h) s.mn[h] = hn::ShiftLeft<5>(s.sc[h]);  // 32 * scale
     s.d = s.dmin = HalfToFloat(b.d);
   } else if constexpr (T == TensorType::Q3_K) {
-    int8_t sc[16];
+    const hn::FixedTag<int8_t, 16> di16b;
+    alignas(16) int8_t sc[16];
     unpack_q3k_scales(b.scales, sc);
-    for (int g = 0; g < 16; ++g) {
-      s.sc[g] = static_cast<int16_t>(sc[g] - 32);
-      s.mn[g] = static_cast<int16_t>(4 * (sc[g] - 32));
+    WidenGroups(hn::LoadU(di16b, sc), s.sc);
+    for (int h = 0; h < 2; ++h) {
+      s.sc[h] = hn::Sub(s.sc[h], hn::Set(D16x8(), 32));
+      s.mn[h] = hn::ShiftLeft<2>(s.sc[h]);  // 4 * scale
     }
     s.d = s.dmin = HalfToFloat(b.d);
-  } else {  // Q2_K
-    for (int g = 0; g < 16; ++g) {
-      s.sc[g] = static_cast<int16_t>(b.scales[g] & 0xF);
-      s.mn[g] = static_cast<int16_t>(b.scales[g] >> 4);
-    }
+  } else {  // Q2_K: low nibble scale, high nibble min
+    const auto v = hn::LoadU(du16b, b.scales);
+    WidenGroups(hn::And(v, hn::Set(du16b, 0x0F)), s.sc);
+    WidenGroups(hn::ShiftRight<4>(v), s.mn);
     s.d = HalfToFloat(b.d);
     s.dmin = HalfToFloat(b.dmin);
   }
 }
 
+// The 16 group mins as kPer32 vectors of pair lanes (matching bsums[16]).
+template <size_t N = kN>
+HWY_INLINE void MinsOf(const KScales& s, hn::Vec<hn::CappedTag<int16_t, N / 2>>* mins) {
+  if constexpr (N == 32) {
+    mins[0] = hn::Combine(hn::CappedTag<int16_t, N / 2>(), s.mn[1], s.mn[0]);
+  } else {
+    mins[0] = s.mn[0];
+    mins[kPer32 - 1] = s.mn[1];
+  }
+}
+
 // Scales of the s16 pair lanes of the kN elements starting at e0 (pair lane i covers elements
 // e0 + 2i and e0 + 2i + 1, i.e. group (e0 + 2i) / 16).
-HWY_INLINE V16 ScalesAt(const KScales& s, size_t e0) {
-  const D16 d16;
+template <size_t N = kN>
+HWY_INLINE hn::Vec<hn::CappedTag<int16_t, N / 2>> ScalesAt(const KScales& s, size_t e0) {
   const size_t g = e0 / 16;
-  if constexpr (kN == 32) {
-    return hn::ConcatLowerLower(d16, hn::Set(d16, s.sc[g + 1]), hn::Set(d16, s.sc[g]));
+  const V16x8 src = s.sc[g / 8];
+  if constexpr (N == 32) {
+    const hn::CappedTag<int16_t, N / 2> d16;
+    const hn::Repartition<uint8_t, D16> du8;
+    return hn::TableLookupBytes(hn::Combine(d16, src, src),
+                                hn::BitCast(d16, hn::Load(du8, kScaleShuffles.pair[(g % 8) / 2])));
   } else {
-    return hn::Set(d16, s.sc[g]);
+    const hn::Repartition<uint8_t, D16x8> du8;
+    return hn::TableLookupBytes(src,
+                                hn::BitCast(D16x8(), hn::Load(du8, kScaleShuffles.single[g % 8])));
   }
 }
 
@@ -400,6 +498,10 @@ HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, f
   for (int r = 0; r < RA; ++r) facc[r] = hn::Zero(df);
   const B* wb = reinterpret_cast<const B*>(w);
   for (int64_t b = 0; b < nb; ++b) {
+    if constexpr (RA == 1) {  // decode streams the weights once: fetch ahead of the loads
+      const auto* next = reinterpret_cast<const uint8_t*>(wb + b) + 1024;
+      for (size_t off = 0; off < sizeof(B); off += 64) hwy::Prefetch(next + off);
+    }
     KScales s;
     DecodeScales<T>(wb[b], s);
     const BlockQ8_K* ab[RA];
@@ -413,10 +515,13 @@ HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, f
       for (int r = 0; r < RA; ++r)
         iacc[r] = MulAddPairs(MulPairs(u, hn::LoadU(d8, ab[r]->qs + e0)), scl, iacc[r]);
     });
+    // Min terms: sum over the 16 groups of mn * bsum.
+    V16 mins[kPer32];
+    MinsOf(s, mins);
     for (int r = 0; r < RA; ++r) {
       V32 msum = hn::Zero(d32);
-      for (size_t g = 0; g < 16; g += hn::Lanes(d16))
-        msum = MulAddPairs(hn::LoadU(d16, s.mn + g), hn::LoadU(d16, ab[r]->bsums + g), msum);
+      for (size_t h = 0; h < kPer32; ++h)
+        msum = MulAddPairs(mins[h], hn::LoadU(d16, ab[r]->bsums + h * (kN / 2)), msum);
       const float ad = ab[r]->d;
       facc[r] = hn::MulAdd(hn::ConvertTo(df, iacc[r]), hn::Set(df, s.d * ad), facc[r]);
       facc[r] = hn::MulAdd(hn::ConvertTo(df, msum), hn::Set(df, -s.dmin * ad), facc[r]);
@@ -427,14 +532,16 @@ HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, f
 
 // ---------------------------------------------------------------- dispatch on the weight type
 
-// out[r] = dot(weight row w, activation row a[r]), r < RA; k elements.
+// out[r] = dot(weight row w, activation row a[r]), r < RA; k elements. as: the activation rows'
+// f32 block scales (32-element types only).
 template <TensorType T, int RA>
-HWY_INLINE void DotRow(const uint8_t* w, const uint8_t* const* a, int64_t k, float* out) {
+HWY_INLINE void DotRow(const uint8_t* w, const uint8_t* const* a, const ActScales32* as, int64_t k,
+                       float* out) {
   if constexpr (T == TensorType::Q2_K || T == TensorType::Q3_K || T == TensorType::Q4_K ||
                 T == TensorType::Q5_K || T == TensorType::Q6_K) {
     DotRowK<T, RA>(w, a, k / QK_K, out);
   } else {
-    DotRow32<T, RA>(w, a, k / 32, out);
+    DotRow32<T, RA>(w, a, as, k / 32, out);
   }
 }
 
