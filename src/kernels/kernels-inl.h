@@ -250,6 +250,96 @@ bool MatmulRowsT(TensorType wt, int64_t k, const void* w, int64_t row_begin, int
   return false;
 }
 
+// ---------------------------------------------------------------- activation quantization
+//
+// Same results as ref::quantize_activation_row bit for bit (tests/kernels check it on every
+// target): the scale and rounding (round half to even) are computed identically, only the max
+// search and the rounding run on vectors. Inputs are expected finite (a NaN would make the SIMD
+// max differ from the reference's fmax).
+
+HWY_INLINE uint16_t FloatToHalf(float f) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));  // F16C, round to even
+#else
+  return ref::f32_to_f16(f);
+#endif
+}
+
+// Largest |x[j]| of n (a multiple of the lane count) elements.
+template <class D>
+HWY_INLINE float AbsMax(D d, const float* x, size_t n) {
+  auto m = hn::Zero(d);
+  for (size_t j = 0; j < n; j += hn::Lanes(d)) m = hn::Max(m, hn::Abs(hn::LoadU(d, x + j)));
+  return hn::GetLane(hn::MaxOfLanes(d, m));
+}
+
+// Rounds x[j] * scale (round half to even) to int8 into q[n]; returns sum(q) when kSum.
+template <bool kSum, bool kClampHigh, class D>
+HWY_INLINE int RoundToInt8(D d, const float* x, size_t n, float scale, int8_t* q) {
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<int8_t, decltype(di)> d8;
+  const auto vs = hn::Set(d, scale);
+  auto sum = hn::Zero(di);
+  for (size_t j = 0; j < n; j += hn::Lanes(d)) {
+    auto v = hn::NearestInt(hn::Mul(hn::LoadU(d, x + j), vs));
+    if constexpr (kClampHigh) v = hn::Min(v, hn::Set(di, 127));
+    if constexpr (kSum) sum = hn::Add(sum, v);
+    hn::StoreU(hn::DemoteTo(d8, v), d8, q + j);
+  }
+  return kSum ? hn::GetLane(hn::SumOfLanes(di, sum)) : 0;
+}
+
+// Returns false for activation types without a SIMD quantizer.
+bool QuantizeActivationRowT(TensorType act, const float* x, void* dst, int64_t n) {
+#if HWY_TARGET == HWY_SCALAR
+  return false;
+#else
+  const hn::CappedTag<float, 16> d;
+  if (act == TensorType::Q8_0 || act == TensorType::Q8_1) {
+    for (int64_t i = 0; i < n / 32; ++i, x += 32) {
+      const float amax = AbsMax(d, x, 32);
+      const float dq = amax / 127;
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      if (act == TensorType::Q8_0) {
+        auto* y = static_cast<BlockQ8_0*>(dst) + i;
+        y->d = FloatToHalf(dq);
+        RoundToInt8<false, false>(d, x, 32, id, y->qs);
+      } else {
+        auto* y = static_cast<BlockQ8_1*>(dst) + i;
+        y->d = FloatToHalf(dq);
+        const int sum = RoundToInt8<true, false>(d, x, 32, id, y->qs);
+        y->s = FloatToHalf(static_cast<float>(sum) * dq);
+      }
+    }
+    return true;
+  }
+  if (act == TensorType::Q8_K) {
+    for (int64_t i = 0; i < n / QK_K; ++i, x += QK_K) {
+      auto* y = static_cast<BlockQ8_K*>(dst) + i;
+      const float amax = AbsMax(d, x, QK_K);
+      if (amax == 0.0f) {
+        std::memset(y, 0, sizeof(BlockQ8_K));
+        continue;
+      }
+      // The signed value of the first element with the largest magnitude (as the reference).
+      float max = 0.0f;
+      for (int j = 0; j < QK_K; ++j)
+        if (std::fabs(x[j]) == amax) {
+          max = x[j];
+          break;
+        }
+      const float iscale = -127.f / max;
+      for (int g = 0; g < QK_K / 16; ++g)
+        y->bsums[g] = static_cast<int16_t>(
+            RoundToInt8<true, true>(d, x + 16 * g, 16, iscale, y->qs + 16 * g));
+      y->d = 1 / iscale;
+    }
+    return true;
+  }
+  return false;
+#endif
+}
+
 float DotF32T(const float* a, const float* b, int64_t n) {
   const float* w[1] = {a};
   float out;

@@ -17,6 +17,7 @@ namespace tandem::kernels {
 
 HWY_EXPORT(MatmulRowsT);
 HWY_EXPORT(DotF32T);
+HWY_EXPORT(QuantizeActivationRowT);
 HWY_EXPORT(AxpyT);
 HWY_EXPORT(RmsNormT);
 HWY_EXPORT(TargetNameT);
@@ -88,7 +89,8 @@ void dequantize_row(TensorType type, const void* src, float* dst, int64_t n) {
 
 void quantize_activation_row(TensorType act_type, const float* x, void* dst, int64_t n) {
   check_row("quantize_activation_row", act_type, n);
-  ref::quantize_activation_row(act_type, x, dst, n);
+  if (!HWY_DYNAMIC_DISPATCH(QuantizeActivationRowT)(act_type, x, dst, n))
+    ref::quantize_activation_row(act_type, x, dst, n);
 }
 
 float vec_dot(TensorType weight_type, int64_t n, const void* w_row, const void* act_row) {

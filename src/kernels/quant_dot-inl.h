@@ -324,6 +324,8 @@ struct BlockK<TensorType::Q6_K> {
 using D16x8 = hn::FixedTag<int16_t, 8>;
 using V16x8 = hn::Vec<D16x8>;
 struct KScales {
+  // User-provided so that it carries the target attributes (the implicit one does not on NEON).
+  HWY_ATTR KScales() {}
   V16x8 sc[2];
   V16x8 mn[2];
   float d;
