@@ -116,12 +116,26 @@ inline bool IsIntType(TensorType t) {
 // rows. Activation rows are taken in panels that stay in L2 while every weight row of the range
 // streams past once per panel; within a panel each weight row meets the activation rows four at
 // a time (qd::DotRow decodes each weight block once per four rows).
+// Weight row wr against activation rows [r, r + RA); y[(r + j) * y_stride + i] = dot.
+template <TensorType T, int RA>
+HWY_INLINE void RunTile(const uint8_t* wr, const uint8_t* acts, size_t act_stride,
+                        const qd::ActScales32* scales, int64_t r, int64_t k, float* y,
+                        int64_t y_stride, int64_t i) {
+  const uint8_t* a[RA];
+  for (int j = 0; j < RA; ++j) a[j] = acts + (r + j) * act_stride;
+  float out[RA];
+  qd::DotRow<T, RA>(wr, a, scales != nullptr ? scales + r : nullptr, k, out);
+  for (int j = 0; j < RA; ++j) y[(r + j) * y_stride + i] = out[j];
+}
+
 template <TensorType T>
 void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin, int64_t row_end,
                  const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
                  int64_t y_stride) {
-  constexpr int kTile = 4;
   constexpr bool kBlock32 = qd::IsBlock32(T);
+  // Activation rows per weight-row pass: 32-element types do more f32 work per block, so a
+  // larger tile spreads each weight block's decoding over more rows.
+  constexpr int kTile = 4;
   const int64_t panel = std::max<int64_t>(
       kTile,
       static_cast<int64_t>(kActPanelBytes / std::max<size_t>(act_stride, 1)) / kTile * kTile);
@@ -143,20 +157,15 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
     for (int64_t i = row_begin; i < row_end; ++i) {
       const uint8_t* wr = w + i * w_stride;
       int64_t r = p0;
-      const uint8_t* a[kTile];
-      float out[kTile];
-      for (; r + kTile <= p1; r += kTile) {
-        for (int j = 0; j < kTile; ++j) a[j] = acts + (r + j) * act_stride;
-        qd::DotRow<T, kTile>(wr, a, scales + r, k, out);
-        for (int j = 0; j < kTile; ++j) y[(r + j) * y_stride + i] = out[j];
+      for (; r + kTile <= p1; r += kTile)
+        RunTile<T, kTile>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
+      if (kTile > 4 && r + 4 <= p1) {
+        RunTile<T, 4>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
+        r += 4;
       }
-      const int rest = static_cast<int>(p1 - r);
-      for (int j = 0; j < rest; ++j) a[j] = acts + (r + j) * act_stride;
-      const qd::ActScales32* rs = kBlock32 ? scales + r : nullptr;
-      if (rest == 3) qd::DotRow<T, 3>(wr, a, rs, k, out);
-      if (rest == 2) qd::DotRow<T, 2>(wr, a, rs, k, out);
-      if (rest == 1) qd::DotRow<T, 1>(wr, a, rs, k, out);
-      for (int j = 0; j < rest; ++j) y[(r + j) * y_stride + i] = out[j];
+      if (p1 - r == 3) RunTile<T, 3>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
+      if (p1 - r == 2) RunTile<T, 2>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
+      if (p1 - r == 1) RunTile<T, 1>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
     }
   }
 }
@@ -345,6 +354,124 @@ float DotF32T(const float* a, const float* b, int64_t n) {
   float out;
   DotF32Multi<1>(n, w, b, &out);
   return out;
+}
+
+// ---------------------------------------------------------------- attention
+
+// RQ query rows x RK key rows: the 2x4 tile loads 6 vectors per 8 FMAs, so it runs at FMA
+// throughput instead of load throughput.
+template <int RQ, int RK>
+HWY_INLINE void ScoreTile(const float* q, int64_t hd, const float* k, size_t key_stride,
+                          float scale, float* scores, size_t score_stride) {
+  const hn::CappedTag<float, 16> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<decltype(df)> acc[RQ][RK];
+  for (int a = 0; a < RQ; ++a)
+    for (int b = 0; b < RK; ++b) acc[a][b] = hn::Zero(df);
+  int64_t d = 0;
+  for (; d + N <= hd; d += N) {
+    hn::Vec<decltype(df)> qv[RQ];
+    for (int a = 0; a < RQ; ++a) qv[a] = hn::LoadU(df, q + a * hd + d);
+    for (int b = 0; b < RK; ++b) {
+      const auto kv = hn::LoadU(df, k + b * key_stride + d);
+      for (int a = 0; a < RQ; ++a) acc[a][b] = hn::MulAdd(qv[a], kv, acc[a][b]);
+    }
+  }
+  for (int a = 0; a < RQ; ++a)
+    for (int b = 0; b < RK; ++b) {
+      float sum = hn::GetLane(hn::SumOfLanes(df, acc[a][b]));
+      for (int64_t e = d; e < hd; ++e) sum += q[a * hd + e] * k[b * key_stride + e];
+      scores[a * score_stride + b] = scale * sum;
+    }
+}
+
+void AttentionScoresT(const float* queries, int64_t n_q, const float* keys, size_t key_stride,
+                      int64_t n_k, int64_t hd, float scale, float* scores, size_t score_stride) {
+  int64_t q = 0;
+  for (; q + 2 <= n_q; q += 2) {
+    const float* qr = queries + q * hd;
+    float* sr = scores + q * score_stride;
+    int64_t j = 0;
+    for (; j + 4 <= n_k; j += 4)
+      ScoreTile<2, 4>(qr, hd, keys + j * key_stride, key_stride, scale, sr + j, score_stride);
+    for (; j < n_k; ++j)
+      ScoreTile<2, 1>(qr, hd, keys + j * key_stride, key_stride, scale, sr + j, score_stride);
+  }
+  for (; q < n_q; ++q) {
+    int64_t j = 0;
+    for (; j + 4 <= n_k; j += 4)
+      ScoreTile<1, 4>(queries + q * hd, hd, keys + j * key_stride, key_stride, scale,
+                      scores + q * score_stride + j, score_stride);
+    for (; j < n_k; ++j)
+      ScoreTile<1, 1>(queries + q * hd, hd, keys + j * key_stride, key_stride, scale,
+                      scores + q * score_stride + j, score_stride);
+  }
+}
+
+// RG output rows, columns [d, d + kCols * N): the accumulators stay in registers over all keys
+// (each key's value vectors are loaded once for RG rows), and every element is summed in key
+// order with one FMA per key, exactly as axpy would.
+template <int RG, int kCols>
+HWY_INLINE void ValueTile(const float* w, size_t weight_stride, const float* values,
+                          size_t value_stride, int64_t n_k, int64_t d, float* out,
+                          size_t out_stride) {
+  const hn::CappedTag<float, 16> df;
+  const size_t N = hn::Lanes(df);
+  hn::Vec<decltype(df)> acc[RG][kCols];
+  for (int g = 0; g < RG; ++g)
+    for (int c = 0; c < kCols; ++c) acc[g][c] = hn::Zero(df);
+  for (int64_t j = 0; j < n_k; ++j) {
+    const float* v = values + j * value_stride + d;
+    hn::Vec<decltype(df)> vv[kCols];
+    for (int c = 0; c < kCols; ++c) vv[c] = hn::LoadU(df, v + c * N);
+    for (int g = 0; g < RG; ++g) {
+      const auto wg = hn::Set(df, w[g * weight_stride + j]);
+      for (int c = 0; c < kCols; ++c) acc[g][c] = hn::MulAdd(wg, vv[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < RG; ++g)
+    for (int c = 0; c < kCols; ++c) hn::StoreU(acc[g][c], df, out + g * out_stride + d + c * N);
+}
+
+template <int RG>
+HWY_INLINE void ValueRows(const float* w, size_t weight_stride, const float* values,
+                          size_t value_stride, int64_t n_k, int64_t hdv, float* out,
+                          size_t out_stride) {
+  const hn::CappedTag<float, 16> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t d = 0;
+  for (; d + 2 * N <= hdv; d += 2 * N)
+    ValueTile<RG, 2>(w, weight_stride, values, value_stride, n_k, d, out, out_stride);
+  for (; d + N <= hdv; d += N)
+    ValueTile<RG, 1>(w, weight_stride, values, value_stride, n_k, d, out, out_stride);
+  for (; d < hdv; ++d)
+    for (int g = 0; g < RG; ++g) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < n_k; ++j)
+        acc += w[g * weight_stride + j] * values[j * value_stride + d];
+      out[g * out_stride + d] = acc;
+    }
+}
+
+void AttentionValuesT(const float* weights, size_t weight_stride, int64_t n_q, const float* values,
+                      size_t value_stride, int64_t n_k, int64_t hdv, float* out,
+                      size_t out_stride) {
+  int64_t q = 0;
+  for (; q + 4 <= n_q; q += 4)
+    ValueRows<4>(weights + q * weight_stride, weight_stride, values, value_stride, n_k, hdv,
+                 out + q * out_stride, out_stride);
+  const float* w = weights + q * weight_stride;
+  float* o = out + q * out_stride;
+  switch (n_q - q) {
+    case 3:
+      return ValueRows<3>(w, weight_stride, values, value_stride, n_k, hdv, o, out_stride);
+    case 2:
+      return ValueRows<2>(w, weight_stride, values, value_stride, n_k, hdv, o, out_stride);
+    case 1:
+      return ValueRows<1>(w, weight_stride, values, value_stride, n_k, hdv, o, out_stride);
+    default:
+      return;
+  }
 }
 
 void AxpyT(float alpha, const float* x, float* y, int64_t n) {

@@ -19,6 +19,8 @@ HWY_EXPORT(MatmulRowsT);
 HWY_EXPORT(DotF32T);
 HWY_EXPORT(QuantizeActivationRowT);
 HWY_EXPORT(AxpyT);
+HWY_EXPORT(AttentionScoresT);
+HWY_EXPORT(AttentionValuesT);
 HWY_EXPORT(RmsNormT);
 HWY_EXPORT(TargetNameT);
 
@@ -128,6 +130,18 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 }
 void axpy(float a, const float* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyT)(a, x, y, n);
+}
+
+void attention_scores(const float* queries, int64_t n_q, const float* keys, size_t key_stride,
+                      int64_t n_k, int64_t hd, float scale, float* scores, size_t score_stride) {
+  HWY_DYNAMIC_DISPATCH(AttentionScoresT)
+  (queries, n_q, keys, key_stride, n_k, hd, scale, scores, score_stride);
+}
+void attention_values(const float* weights, size_t weight_stride, int64_t n_q, const float* values,
+                      size_t value_stride, int64_t n_k, int64_t hdv, float* out,
+                      size_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(AttentionValuesT)
+  (weights, weight_stride, n_q, values, value_stride, n_k, hdv, out, out_stride);
 }
 
 float f16_to_f32(uint16_t h) {

@@ -58,6 +58,17 @@ float dot_f32(const float* a, const float* b, int64_t n);
 // y[i] += a * x[i]
 void axpy(float a, const float* x, float* y, int64_t n);
 
+// ---- attention (f32) ----
+
+// scores[q * score_stride + j] = scale * dot(queries[q], keys[j]) for n_q query rows (hd floats
+// each, consecutive) and n_k key rows (hd floats at key_stride floats apart).
+void attention_scores(const float* queries, int64_t n_q, const float* keys, size_t key_stride,
+                      int64_t n_k, int64_t hd, float scale, float* scores, size_t score_stride);
+// out[q * out_stride + d] = sum_j weights[q * weight_stride + j] * values[j][d], summed in order
+// of j (the same f32 result as n_k axpy calls); values: n_k rows of hdv floats, value_stride apart.
+void attention_values(const float* weights, size_t weight_stride, int64_t n_q, const float* values,
+                      size_t value_stride, int64_t n_k, int64_t hdv, float* out, size_t out_stride);
+
 // Half-precision conversions (IEEE binary16 and bfloat16), bit-exact with ggml.
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);

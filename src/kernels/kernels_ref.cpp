@@ -2,6 +2,7 @@
 // multiply-add is fused: dequantization must round exactly like ggml's to_float.
 #include "kernels/kernels_ref.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -584,6 +585,24 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 
 void axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void attention_scores(const float* queries, int64_t n_q, const float* keys, size_t key_stride,
+                      int64_t n_k, int64_t hd, float scale, float* scores, size_t score_stride) {
+  for (int64_t q = 0; q < n_q; ++q)
+    for (int64_t j = 0; j < n_k; ++j)
+      scores[q * score_stride + j] = scale * dot_f32(queries + q * hd, keys + j * key_stride, hd);
+}
+
+void attention_values(const float* weights, size_t weight_stride, int64_t n_q, const float* values,
+                      size_t value_stride, int64_t n_k, int64_t hdv, float* out,
+                      size_t out_stride) {
+  for (int64_t q = 0; q < n_q; ++q) {
+    float* o = out + q * out_stride;
+    std::fill(o, o + hdv, 0.0f);
+    for (int64_t j = 0; j < n_k; ++j)
+      axpy(weights[q * weight_stride + j], values + j * value_stride, o, hdv);
+  }
 }
 
 }  // namespace tandem::kernels::ref

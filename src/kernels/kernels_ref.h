@@ -39,5 +39,9 @@ void geglu(const float* gate, const float* up, float* out, int64_t n);
 void softmax(float* x, int64_t n);
 float dot_f32(const float* a, const float* b, int64_t n);
 void axpy(float a, const float* x, float* y, int64_t n);
+void attention_scores(const float* queries, int64_t n_q, const float* keys, size_t key_stride,
+                      int64_t n_k, int64_t hd, float scale, float* scores, size_t score_stride);
+void attention_values(const float* weights, size_t weight_stride, int64_t n_q, const float* values,
+                      size_t value_stride, int64_t n_k, int64_t hdv, float* out, size_t out_stride);
 
 }  // namespace tandem::kernels::ref

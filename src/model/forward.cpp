@@ -153,28 +153,19 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
       // layers, p1 - p0 < window.
       const int first = swa ? std::max(0, bt.pos - window + 1) : 0;
       const int count = bt.pos - first + 1;
-      for (int j = 0; j < count; ++j) {
-        const float* k = keys + static_cast<size_t>(first + j) * kv_stride;
-        for (int g = 0; g < group; ++g) {
-          float s = kernels::dot_f32(q0 + static_cast<size_t>(g) * hd, k, hd) * c_.kq_scale;
-          if (c_.attn_logit_softcap > 0) {
-            s = c_.attn_logit_softcap * std::tanh(s / c_.attn_logit_softcap);
-          }
-          scores[static_cast<size_t>(g) * n_ctx + j] = s;
-        }
-      }
+      const float* keys0 = keys + static_cast<size_t>(first) * kv_stride;
+      kernels::attention_scores(q0, group, keys0, kv_stride, count, hd, c_.kq_scale, scores, n_ctx);
       for (int g = 0; g < group; ++g) {
-        kernels::softmax(scores + static_cast<size_t>(g) * n_ctx, count);
-        float* out = attn_.data() + (static_cast<size_t>(i) * n_head + kvh * group + g) * hdv;
-        std::fill(out, out + hdv, 0.0f);
-      }
-      for (int j = 0; j < count; ++j) {
-        const float* v = vals + static_cast<size_t>(first + j) * v_stride;
-        for (int g = 0; g < group; ++g) {
-          float* out = attn_.data() + (static_cast<size_t>(i) * n_head + kvh * group + g) * hdv;
-          kernels::axpy(scores[static_cast<size_t>(g) * n_ctx + j], v, out, hdv);
+        float* sg = scores + static_cast<size_t>(g) * n_ctx;
+        if (c_.attn_logit_softcap > 0) {
+          for (int j = 0; j < count; ++j)
+            sg[j] = c_.attn_logit_softcap * std::tanh(sg[j] / c_.attn_logit_softcap);
         }
+        kernels::softmax(sg, count);
       }
+      float* out = attn_.data() + (static_cast<size_t>(i) * n_head + kvh * group) * hdv;
+      kernels::attention_values(scores, n_ctx, group, vals + static_cast<size_t>(first) * v_stride,
+                                v_stride, count, hdv, out, hdv);
     }
   });
 }

@@ -356,5 +356,44 @@ TEST(KernelsSimdQuantize, ActivationRowsMatchReference) {
   }
 }
 
+// Attention kernels against the reference, with query/key counts and head sizes that leave
+// remainders in every tile dimension and strides wider than the rows.
+TEST(KernelsSimdAttention, ScoresAndValuesMatchReference) {
+  std::mt19937 rng(91);
+  for (int64_t hd : {64, 256, 37}) {
+    for (int64_t n_q : {1, 4, 7}) {
+      for (int64_t n_k : {1, 5, 130}) {
+        SCOPED_TRACE("hd=" + std::to_string(hd) + " n_q=" + std::to_string(n_q) +
+                     " n_k=" + std::to_string(n_k));
+        const size_t kstride = static_cast<size_t>(hd) + 3, sstride = static_cast<size_t>(n_k) + 2;
+        const auto q = RandomFloats(rng, static_cast<size_t>(n_q * hd));
+        const auto keys = RandomFloats(rng, static_cast<size_t>(n_k) * kstride);
+        std::vector<float> s_ref(static_cast<size_t>(n_q) * sstride, -9.0f);
+        ref::attention_scores(q.data(), n_q, keys.data(), kstride, n_k, hd, 0.125f, s_ref.data(),
+                              sstride);
+        const auto w = RandomFloats(rng, static_cast<size_t>(n_q) * sstride);
+        const size_t ostride = static_cast<size_t>(hd) + 1;
+        std::vector<float> o_ref(static_cast<size_t>(n_q) * ostride, -9.0f);
+        ref::attention_values(w.data(), sstride, n_q, keys.data(), kstride, n_k, hd, o_ref.data(),
+                              ostride);
+        ForEachTarget([&](const char* target) {
+          std::vector<float> sc(s_ref.size(), -9.0f);
+          attention_scores(q.data(), n_q, keys.data(), kstride, n_k, hd, 0.125f, sc.data(),
+                           sstride);
+          for (size_t i = 0; i < sc.size(); ++i)
+            EXPECT_NEAR(sc[i], s_ref[i], 1e-5 * std::sqrt(static_cast<double>(hd)))
+                << target << " " << i;
+          std::vector<float> o(o_ref.size(), -9.0f);
+          attention_values(w.data(), sstride, n_q, keys.data(), kstride, n_k, hd, o.data(),
+                           ostride);
+          for (size_t i = 0; i < o.size(); ++i)
+            EXPECT_NEAR(o[i], o_ref[i], 1e-5 * std::sqrt(static_cast<double>(n_k)))
+                << target << " " << i;
+        });
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kernels
