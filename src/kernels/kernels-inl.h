@@ -474,6 +474,34 @@ void AttentionValuesT(const float* weights, size_t weight_stride, int64_t n_q, c
   }
 }
 
+// out = gelu(gate) * up with ggml's f16 table GELU, as ref::geglu: the f32 -> f16 index and
+// the f16 -> f32 result are vector conversions (exact / round to nearest even, as the
+// reference's), only the table lookups are scalar. Only where f32 -> f16 is a hardware
+// conversion (x86 F16C, AArch64): Highway's emulation elsewhere does not round to nearest even.
+void GegluT(const float* gate, const float* up, float* out, int64_t n) {
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR)
+  const hn::CappedTag<float, 8> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const uint16_t* table = ref::gelu_f16_table();
+  const auto lo = hn::Set(df, -10.0f), hi = hn::Set(df, 10.0f);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    alignas(32) uint16_t idx[8];
+    alignas(32) uint16_t val[8];
+    const auto g = hn::LoadU(df, gate + i);
+    hn::StoreU(hn::DemoteTo(dh, g), dh, reinterpret_cast<hwy::float16_t*>(idx));
+    for (int64_t j = 0; j < N; ++j) val[j] = table[idx[j]];
+    const auto t = hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(val)));
+    const auto prod = hn::Mul(hn::IfThenElse(hn::Ge(g, hi), g, t), hn::LoadU(df, up + i));
+    hn::StoreU(hn::IfThenZeroElse(hn::Le(g, lo), prod), df, out + i);
+  }
+  if (i < n) ref::geglu(gate + i, up + i, out + i, n - i);
+#else
+  ref::geglu(gate, up, out, n);
+#endif
+}
+
 void AxpyT(float alpha, const float* x, float* y, int64_t n) {
   const hn::ScalableTag<float> df;
   const size_t N = hn::Lanes(df);

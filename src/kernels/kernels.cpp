@@ -19,6 +19,7 @@ HWY_EXPORT(MatmulRowsT);
 HWY_EXPORT(DotF32T);
 HWY_EXPORT(QuantizeActivationRowT);
 HWY_EXPORT(AxpyT);
+HWY_EXPORT(GegluT);
 HWY_EXPORT(AttentionScoresT);
 HWY_EXPORT(AttentionValuesT);
 HWY_EXPORT(RmsNormT);
@@ -120,7 +121,7 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   ref::swiglu(gate, up, out, n);
 }
 void geglu(const float* gate, const float* up, float* out, int64_t n) {
-  ref::geglu(gate, up, out, n);
+  HWY_DYNAMIC_DISPATCH(GegluT)(gate, up, out, n);
 }
 void softmax(float* x, int64_t n) {
   ref::softmax(x, n);
