@@ -27,6 +27,7 @@
 #define TANDEM_QUANT_DOT_INL_H_
 #endif
 
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
@@ -242,6 +243,67 @@ HWY_INLINE void ComputeActScales32(TensorType act, const uint8_t* row, int64_t n
   }
 }
 
+// ---- four blocks at a time: the f32 work (convert, scale, accumulate) once per four blocks
+
+using DF4 = hn::FixedTag<float, 4>;
+using VF4 = hn::Vec<DF4>;
+
+// f32 values of four f16 fields `stride` bytes apart (the d or m of four consecutive blocks).
+HWY_INLINE VF4 HalvesToFloat4(const uint8_t* p, size_t stride) {
+  uint64_t bits = 0;
+  for (size_t q = 0; q < 4; ++q) bits |= uint64_t{LoadU16(p + q * stride)} << (16 * q);
+  const hn::FixedTag<uint64_t, 1> d64;
+  const hn::FixedTag<hwy::float16_t, 4> dh;
+  return hn::PromoteTo(DF4(), hn::BitCast(dh, hn::Set(d64, bits)));
+}
+
+// v4 repeated in every 128-bit block of a DF vector.
+template <size_t N = kN>
+HWY_INLINE hn::Vec<hn::Repartition<float, hn::CappedTag<int8_t, N>>> Dup4(VF4 v4) {
+  if constexpr (N == 32) {
+    return hn::Combine(hn::Repartition<float, hn::CappedTag<int8_t, N>>(), v4, v4);
+  } else {
+    return v4;
+  }
+}
+
+// Horizontal pair add per 128-bit block: [a0 + a1, a2 + a3, b0 + b1, b2 + b3].
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+HWY_INLINE hn::Vec128<int32_t> PairAdd(hn::Vec128<int32_t> a, hn::Vec128<int32_t> b) {
+  return hn::Vec128<int32_t>{_mm_hadd_epi32(a.raw, b.raw)};
+}
+#if HWY_TARGET <= HWY_AVX2
+HWY_INLINE hn::Vec256<int32_t> PairAdd(hn::Vec256<int32_t> a, hn::Vec256<int32_t> b) {
+  return hn::Vec256<int32_t>{_mm256_hadd_epi32(a.raw, b.raw)};
+}
+#endif
+#elif HWY_ARCH_ARM_A64 && HWY_TARGET == HWY_NEON
+HWY_INLINE hn::Vec128<int32_t> PairAdd(hn::Vec128<int32_t> a, hn::Vec128<int32_t> b) {
+  return hn::Vec128<int32_t>{vpaddq_s32(a.raw, b.raw)};
+}
+#else
+HWY_INLINE V32 PairAdd(V32 a, V32 b) {
+  const D32 d32;
+  constexpr size_t kL = hn::MaxLanes(D32());
+  alignas(64) int32_t x[kL], y[kL], z[kL];
+  hn::Store(a, d32, x);
+  hn::Store(b, d32, y);
+  for (size_t blk = 0; blk < kL; blk += 4) {
+    z[blk + 0] = x[blk + 0] + x[blk + 1];
+    z[blk + 1] = x[blk + 2] + x[blk + 3];
+    z[blk + 2] = y[blk + 0] + y[blk + 1];
+    z[blk + 3] = y[blk + 2] + y[blk + 3];
+  }
+  return hn::Load(d32, z);
+}
+#endif
+
+// Lane q of every 128-bit block: a share of block q's integer sum (the shares of all blocks of
+// the vector add up to it), from the per-block sums m0..m3.
+HWY_INLINE V32 SumBlocks4(V32 m0, V32 m1, V32 m2, V32 m3) {
+  return PairAdd(PairAdd(m0, m1), PairAdd(m2, m3));
+}
+
 // out[r] = dot(weight row w, activation row a[r]) for RA activation rows.
 template <TensorType T, int RA>
 HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActScales32* as,
@@ -249,48 +311,85 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
   using Info = Block32<T>;
   using B = typename Info::B;
   constexpr bool kSigned = T == TensorType::Q8_0;
+  constexpr bool kMin = T == TensorType::Q4_1 || T == TensorType::Q5_1;
+  constexpr size_t kActBlock = kMin ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0);
+  constexpr size_t kActQs = kMin ? 4 : 2;  // offset of qs in the activation block
   const D8 d8;
   const DU8 du8;
   const D16 d16;
   const D32 d32;
   const DF df;
+  const DF4 df4;
   const auto ones = hn::Set(d16, 1);
   VF facc[RA];
+  VF4 xacc[RA];  // coefficient * d * sum(a) terms, four blocks per lane group
   float extra[RA];
   for (int r = 0; r < RA; ++r) {
     facc[r] = hn::Zero(df);
+    xacc[r] = hn::Zero(df4);
     extra[r] = 0.0f;
   }
   const B* wb = reinterpret_cast<const B*>(w);
-  for (int64_t b = 0; b < nb; ++b) {
-    if constexpr (RA == 1) hwy::Prefetch(reinterpret_cast<const uint8_t*>(wb + b) + 1024);
-    V8 wv[kPer32];
-    Decode32<T>(wb[b], wv);
-    VU8 wu[kPer32];
+  // Integer sum of weight block wq (decoded) with activation block b of row r.
+  const auto block_sum = [&](const V8* wq, const VU8* wu, int r, int64_t b) HWY_ATTR {
+    const int8_t* aq = reinterpret_cast<const int8_t*>(a[r]) + b * kActBlock + kActQs;
+    V32 isum = hn::Zero(d32);
+    for (size_t j = 0; j < kPer32; ++j) {
+      V8 av = hn::LoadU(d8, aq + j * kN);
+      if constexpr (kSigned) av = ApplySign(av, wq[j]);
+      isum = MulAddPairs(MulPairs(wu[j], av), ones, isum);
+    }
+    return isum;
+  };
+  const auto unsigned_of = [&](const V8* wq, VU8* wu) HWY_ATTR {
     for (size_t j = 0; j < kPer32; ++j)
-      wu[j] = kSigned ? hn::BitCast(du8, hn::Abs(wv[j])) : hn::BitCast(du8, wv[j]);
-    const float dw = HalfToFloat(wb[b].d);
-    const auto vdw = hn::Set(df, dw);
-    float c = 0.0f;  // coefficient of d * sum(a)
-    if constexpr (Info::kOffset != 0) c = -static_cast<float>(Info::kOffset) * dw;
-    if constexpr (T == TensorType::Q4_1 || T == TensorType::Q5_1) c = HalfToFloat(wb[b].m);
+      wu[j] = kSigned ? hn::BitCast(du8, hn::Abs(wq[j])) : hn::BitCast(du8, wq[j]);
+  };
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    if constexpr (RA == 1) {
+      const auto* next = reinterpret_cast<const uint8_t*>(wb + b) + 1024;
+      for (size_t off = 0; off < 4 * sizeof(B); off += 64) hwy::Prefetch(next + off);
+    }
+    V8 wq[4][kPer32];
+    VU8 wu[4][kPer32];
+    for (int q = 0; q < 4; ++q) {
+      Decode32<T>(wb[b + q], wq[q]);
+      unsigned_of(wq[q], wu[q]);
+    }
+    const auto* base = reinterpret_cast<const uint8_t*>(wb + b);
+    const VF4 dw4 = HalvesToFloat4(base + offsetof(B, d), sizeof(B));
+    const VF dw = Dup4(dw4);
+    VF4 c4 = hn::Zero(df4);  // coefficient of d * sum(a) per block
+    if constexpr (Info::kOffset != 0) c4 = hn::Mul(dw4, hn::Set(df4, -float{Info::kOffset}));
+    if constexpr (kMin) c4 = HalvesToFloat4(base + offsetof(B, m), sizeof(B));
     for (int r = 0; r < RA; ++r) {
-      const int8_t* aq = reinterpret_cast<const int8_t*>(a[r]) +
-                         b * static_cast<int64_t>(T == TensorType::Q4_1 || T == TensorType::Q5_1
-                                                      ? sizeof(BlockQ8_1)
-                                                      : sizeof(BlockQ8_0)) +
-                         (T == TensorType::Q4_1 || T == TensorType::Q5_1 ? 4 : 2);
-      V32 isum = hn::Zero(d32);
-      for (size_t j = 0; j < kPer32; ++j) {
-        V8 av = hn::LoadU(d8, aq + j * kN);
-        if constexpr (kSigned) av = ApplySign(av, wv[j]);
-        isum = MulAddPairs(MulPairs(wu[j], av), ones, isum);
-      }
-      facc[r] = hn::MulAdd(hn::ConvertTo(df, isum), hn::Mul(vdw, hn::Set(df, as[r].d[b])), facc[r]);
+      const V32 isum =
+          SumBlocks4(block_sum(wq[0], wu[0], r, b), block_sum(wq[1], wu[1], r, b + 1),
+                     block_sum(wq[2], wu[2], r, b + 2), block_sum(wq[3], wu[3], r, b + 3));
+      facc[r] = hn::MulAdd(hn::ConvertTo(df, isum), hn::Mul(dw, hn::LoadDup128(df, as[r].d + b)),
+                           facc[r]);
+      if constexpr (!kSigned) xacc[r] = hn::MulAdd(c4, hn::LoadU(df4, as[r].s + b), xacc[r]);
+    }
+  }
+  for (; b < nb; ++b) {
+    V8 wq[kPer32];
+    VU8 wu[kPer32];
+    Decode32<T>(wb[b], wq);
+    unsigned_of(wq, wu);
+    const float dw = HalfToFloat(wb[b].d);
+    float c = 0.0f;
+    if constexpr (Info::kOffset != 0) c = -static_cast<float>(Info::kOffset) * dw;
+    if constexpr (kMin) c = HalfToFloat(wb[b].m);
+    for (int r = 0; r < RA; ++r) {
+      facc[r] = hn::MulAdd(hn::ConvertTo(df, block_sum(wq, wu, r, b)), hn::Set(df, dw * as[r].d[b]),
+                           facc[r]);
       if constexpr (!kSigned) extra[r] += c * as[r].s[b];
     }
   }
-  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r])) + extra[r];
+  for (int r = 0; r < RA; ++r)
+    out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r])) + hn::GetLane(hn::SumOfLanes(df4, xacc[r])) +
+             extra[r];
 }
 
 // ---------------------------------------------------------------- K-quants

@@ -302,6 +302,41 @@ TEST_P(KernelsSimdVsRef, SmallBatchFused) {
   }
 }
 
+// 32-element block types run four blocks at a time plus single blocks: row lengths of 1 to 7
+// blocks cover every remainder, with exact integer sums under unit scales.
+TEST_P(KernelsSimdVsRef, ShortRowsBlockRemainders) {
+  const TensorType wt = GetParam();
+  if (!IsQuant(wt) || traits(wt).block_size != 32) GTEST_SKIP() << "32-element block types";
+  std::mt19937 rng(555 + static_cast<int>(wt));
+  for (int64_t k = 32; k <= 224; k += 32) {
+    for (int64_t n_act : {1, 3, 4, 6}) {
+      SCOPED_TRACE("k=" + std::to_string(k) + " n_act=" + std::to_string(n_act));
+      const int64_t rows = 5;
+      const auto w = RandomWeights(rng, wt, rows, k, /*unit_scales=*/true);
+      const auto a = UnitActs(rng, wt, n_act, k);
+      const size_t as = row_bytes(activation_type(wt), k);
+      std::vector<float> y_ref(static_cast<size_t>(n_act * rows));
+      ref::matmul_rows(wt, k, w.data(), 0, rows, a.data(), as, n_act, y_ref.data(), rows);
+      const auto wr = RandomWeights(rng, wt, rows, k);
+      const auto ar = RandomActs(rng, wt, n_act, k, as);
+      std::vector<float> z_ref(static_cast<size_t>(n_act * rows));
+      ref::matmul_rows(wt, k, wr.data(), 0, rows, ar.data(), as, n_act, z_ref.data(), rows);
+      const size_t wrb = row_bytes(wt, k);
+      ForEachTarget([&](const char*) {
+        std::vector<float> y(y_ref.size());
+        matmul_rows(wt, k, w.data(), 0, rows, a.data(), as, n_act, y.data(), rows);
+        for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], y_ref[i]) << i;
+        std::vector<float> z(z_ref.size());
+        matmul_rows(wt, k, wr.data(), 0, rows, ar.data(), as, n_act, z.data(), rows);
+        for (int64_t r = 0; r < n_act; ++r)
+          for (int64_t i = 0; i < rows; ++i)
+            EXPECT_NEAR(z[r * rows + i], z_ref[r * rows + i],
+                        1e-5 * AbsDot(wt, k, wr.data() + i * wrb, ar.data() + r * as) + 1e-30);
+      });
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelsSimdVsRef, ::testing::ValuesIn(WeightTypes()), TypeName);
 
 TEST(KernelsSimdF32, DotAxpyRmsNorm) {
