@@ -267,6 +267,16 @@ HWY_INLINE hn::Vec<hn::Repartition<float, hn::CappedTag<int8_t, N>>> Dup4(VF4 v4
   }
 }
 
+// v4 in the low 128 bits of a DF vector, zeros above.
+template <size_t N = kN>
+HWY_INLINE hn::Vec<hn::Repartition<float, hn::CappedTag<int8_t, N>>> Low4(VF4 v4) {
+  if constexpr (N == 32) {
+    return hn::ZeroExtendVector(hn::Repartition<float, hn::CappedTag<int8_t, N>>(), v4);
+  } else {
+    return v4;
+  }
+}
+
 // Horizontal pair add per 128-bit block: [a0 + a1, a2 + a3, b0 + b1, b2 + b3].
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
 HWY_INLINE hn::Vec128<int32_t> PairAdd(hn::Vec128<int32_t> a, hn::Vec128<int32_t> b) {
@@ -322,11 +332,9 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
   const DF4 df4;
   const auto ones = hn::Set(d16, 1);
   VF facc[RA];
-  VF4 xacc[RA];  // coefficient * d * sum(a) terms, four blocks per lane group
   float extra[RA];
   for (int r = 0; r < RA; ++r) {
     facc[r] = hn::Zero(df);
-    xacc[r] = hn::Zero(df4);
     extra[r] = 0.0f;
   }
   const B* wb = reinterpret_cast<const B*>(w);
@@ -363,13 +371,15 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
     VF4 c4 = hn::Zero(df4);  // coefficient of d * sum(a) per block
     if constexpr (Info::kOffset != 0) c4 = hn::Mul(dw4, hn::Set(df4, -float{Info::kOffset}));
     if constexpr (kMin) c4 = HalvesToFloat4(base + offsetof(B, m), sizeof(B));
+    // In the low lanes only: each block's lanes are summed at the end, so the term counts once.
+    const VF c = Low4(c4);
     for (int r = 0; r < RA; ++r) {
       const V32 isum =
           SumBlocks4(block_sum(wq[0], wu[0], r, b), block_sum(wq[1], wu[1], r, b + 1),
                      block_sum(wq[2], wu[2], r, b + 2), block_sum(wq[3], wu[3], r, b + 3));
       facc[r] = hn::MulAdd(hn::ConvertTo(df, isum), hn::Mul(dw, hn::LoadDup128(df, as[r].d + b)),
                            facc[r]);
-      if constexpr (!kSigned) xacc[r] = hn::MulAdd(c4, hn::LoadU(df4, as[r].s + b), xacc[r]);
+      if constexpr (!kSigned) facc[r] = hn::MulAdd(c, Low4(hn::LoadU(df4, as[r].s + b)), facc[r]);
     }
   }
   for (; b < nb; ++b) {
@@ -387,9 +397,7 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
       if constexpr (!kSigned) extra[r] += c * as[r].s[b];
     }
   }
-  for (int r = 0; r < RA; ++r)
-    out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r])) + hn::GetLane(hn::SumOfLanes(df4, xacc[r])) +
-             extra[r];
+  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r])) + extra[r];
 }
 
 // ---------------------------------------------------------------- K-quants
