@@ -87,6 +87,8 @@ struct Scratch {
 #if HWY_TARGET != HWY_SCALAR
   std::vector<float> act_scales;  // f32 scales of 32-element activation blocks
   std::vector<qd::ActScales32> act_rows;
+  std::vector<uint8_t> stage_u;  // one decoded weight row (unsigned 32-element types)
+  std::vector<float> stage_f;
 #endif
 };
 inline Scratch& GetScratch() {
@@ -128,6 +130,18 @@ HWY_INLINE void RunTile(const uint8_t* wr, const uint8_t* acts, size_t act_strid
   for (int j = 0; j < RA; ++j) y[(r + j) * y_stride + i] = out[j];
 }
 
+// As RunTile for a staged unsigned 32-element weight row.
+template <bool kMin, int RA>
+HWY_INLINE void RunStagedTile(const qd::StagedRow32& st, const uint8_t* acts, size_t act_stride,
+                              const qd::ActScales32* scales, int64_t r, int64_t nb, float* y,
+                              int64_t y_stride, int64_t i) {
+  const uint8_t* a[RA];
+  for (int j = 0; j < RA; ++j) a[j] = acts + (r + j) * act_stride;
+  float out[RA];
+  qd::DotRowStaged32<kMin, RA>(st, a, scales + r, nb, out);
+  for (int j = 0; j < RA; ++j) y[(r + j) * y_stride + i] = out[j];
+}
+
 template <TensorType T>
 void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin, int64_t row_end,
                  const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
@@ -152,11 +166,37 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
       scales[r] = {d, d + nb};
     }
   }
+  // Unsigned 32-element types in prefill: each weight row is decoded once per panel into a
+  // staging buffer instead of once per activation tile.
+  constexpr bool kStaged = kBlock32 && T != TensorType::Q8_0;
+  constexpr int64_t kStageMinRows = 8;
+  qd::StagedRow32 staged{};
+  if constexpr (kStaged) {
+    staged.u = Grow(scratch.stage_u, static_cast<size_t>(k));
+    float* f = Grow(scratch.stage_f, static_cast<size_t>(2 * nb));
+    staged.d = f;
+    staged.c = f + nb;
+  }
   for (int64_t p0 = 0; p0 < n_act; p0 += panel) {
     const int64_t p1 = std::min(n_act, p0 + panel);
     for (int64_t i = row_begin; i < row_end; ++i) {
       const uint8_t* wr = w + i * w_stride;
       int64_t r = p0;
+      if constexpr (kStaged) {
+        if (p1 - p0 >= kStageMinRows) {
+          qd::StageRow32<T>(wr, nb, staged);
+          constexpr bool kMin = T == TensorType::Q4_1 || T == TensorType::Q5_1;
+          for (; r + kTile <= p1; r += kTile)
+            RunStagedTile<kMin, kTile>(staged, acts, act_stride, scales, r, nb, y, y_stride, i);
+          if (p1 - r == 3)
+            RunStagedTile<kMin, 3>(staged, acts, act_stride, scales, r, nb, y, y_stride, i);
+          if (p1 - r == 2)
+            RunStagedTile<kMin, 2>(staged, acts, act_stride, scales, r, nb, y, y_stride, i);
+          if (p1 - r == 1)
+            RunStagedTile<kMin, 1>(staged, acts, act_stride, scales, r, nb, y, y_stride, i);
+          continue;
+        }
+      }
       for (; r + kTile <= p1; r += kTile)
         RunTile<T, kTile>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
       if (kTile > 4 && r + 4 <= p1) {

@@ -641,6 +641,82 @@ HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, f
 
 // ---------------------------------------------------------------- dispatch on the weight type
 
+// ---- prefill of unsigned 32-element types: the weight row decoded once per activation panel
+
+// One weight row of Q4_0/Q4_1/Q5_0/Q5_1 decoded: u (32 bytes per block), d and the coefficient c
+// of d_a * sum(a) per block (see Block32).
+struct StagedRow32 {
+  uint8_t* u;  // [nb * 32]
+  float* d;    // [nb]
+  float* c;    // [nb]
+};
+
+template <TensorType T>
+HWY_INLINE void StageRow32(const uint8_t* w, int64_t nb, const StagedRow32& st) {
+  using B = typename Block32<T>::B;
+  const DU8 du8;
+  const B* wb = reinterpret_cast<const B*>(w);
+  for (int64_t b = 0; b < nb; ++b) {
+    V8 wq[kPer32];
+    Decode32<T>(wb[b], wq);
+    for (size_t j = 0; j < kPer32; ++j)
+      hn::StoreU(hn::BitCast(du8, wq[j]), du8, st.u + 32 * b + j * kN);
+    st.d[b] = HalfToFloat(wb[b].d);
+    if constexpr (T == TensorType::Q4_1 || T == TensorType::Q5_1) {
+      st.c[b] = HalfToFloat(wb[b].m);
+    } else {
+      st.c[b] = -static_cast<float>(Block32<T>::kOffset) * st.d[b];
+    }
+  }
+}
+
+// As DotRow32 for a staged unsigned row: the weight bytes are plain loads, so no decoding work is
+// repeated per activation tile. kMin: Q8_1 activations (Q4_1/Q5_1), else Q8_0.
+template <bool kMin, int RA>
+HWY_INLINE void DotRowStaged32(const StagedRow32& w, const uint8_t* const* a, const ActScales32* as,
+                               int64_t nb, float* out) {
+  constexpr size_t kActBlock = kMin ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0);
+  constexpr size_t kActQs = kMin ? 4 : 2;
+  const D8 d8;
+  const DU8 du8;
+  const D16 d16;
+  const D32 d32;
+  const DF df;
+  const DF4 df4;
+  const auto ones = hn::Set(d16, 1);
+  VF facc[RA];
+  for (int r = 0; r < RA; ++r) facc[r] = hn::Zero(df);
+  const auto block_sum = [&](int r, int64_t b) HWY_ATTR {
+    const int8_t* aq = reinterpret_cast<const int8_t*>(a[r]) + b * kActBlock + kActQs;
+    V32 isum = hn::Zero(d32);
+    for (size_t j = 0; j < kPer32; ++j)
+      isum = MulAddPairs(
+          MulPairs(hn::LoadU(du8, w.u + 32 * b + j * kN), hn::LoadU(d8, aq + j * kN)), ones, isum);
+    return isum;
+  };
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    const VF dw = Dup4(hn::LoadU(df4, w.d + b));
+    const VF c = Low4(hn::LoadU(df4, w.c + b));
+    for (int r = 0; r < RA; ++r) {
+      const V32 isum = SumBlocks4(block_sum(r, b), block_sum(r, b + 1), block_sum(r, b + 2),
+                                  block_sum(r, b + 3));
+      facc[r] = hn::MulAdd(hn::ConvertTo(df, isum), hn::Mul(dw, hn::LoadDup128(df, as[r].d + b)),
+                           facc[r]);
+      facc[r] = hn::MulAdd(c, Low4(hn::LoadU(df4, as[r].s + b)), facc[r]);
+    }
+  }
+  float extra[RA] = {};
+  for (; b < nb; ++b) {
+    for (int r = 0; r < RA; ++r) {
+      facc[r] =
+          hn::MulAdd(hn::ConvertTo(df, block_sum(r, b)), hn::Set(df, w.d[b] * as[r].d[b]), facc[r]);
+      extra[r] += w.c[b] * as[r].s[b];
+    }
+  }
+  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r])) + extra[r];
+}
+
 // out[r] = dot(weight row w, activation row a[r]), r < RA; k elements. as: the activation rows'
 // f32 block scales (32-element types only).
 template <TensorType T, int RA>

@@ -309,7 +309,7 @@ TEST_P(KernelsSimdVsRef, ShortRowsBlockRemainders) {
   if (!IsQuant(wt) || traits(wt).block_size != 32) GTEST_SKIP() << "32-element block types";
   std::mt19937 rng(555 + static_cast<int>(wt));
   for (int64_t k = 32; k <= 224; k += 32) {
-    for (int64_t n_act : {1, 3, 4, 6}) {
+    for (int64_t n_act : {1, 3, 4, 6, 11}) {
       SCOPED_TRACE("k=" + std::to_string(k) + " n_act=" + std::to_string(n_act));
       const int64_t rows = 5;
       const auto w = RandomWeights(rng, wt, rows, k, /*unit_scales=*/true);
