@@ -89,6 +89,7 @@ struct Scratch {
   std::vector<qd::ActScales32> act_rows;
   std::vector<uint8_t> stage_u;  // one decoded weight row (unsigned 32-element types)
   std::vector<float> stage_f;
+  std::vector<int16_t> stage_i16;
 #endif
 };
 inline Scratch& GetScratch() {
@@ -142,6 +143,16 @@ HWY_INLINE void RunStagedTile(const qd::StagedRow32& st, const uint8_t* acts, si
   for (int j = 0; j < RA; ++j) y[(r + j) * y_stride + i] = out[j];
 }
 
+template <int RA>
+HWY_INLINE void RunStagedTileK(const qd::StagedRowK& st, const uint8_t* acts, size_t act_stride,
+                               int64_t r, int64_t nbk, float* y, int64_t y_stride, int64_t i) {
+  const uint8_t* a[RA];
+  for (int j = 0; j < RA; ++j) a[j] = acts + (r + j) * act_stride;
+  float out[RA];
+  qd::DotRowStagedK<RA>(st, a, nbk, out);
+  for (int j = 0; j < RA; ++j) y[(r + j) * y_stride + i] = out[j];
+}
+
 template <TensorType T>
 void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin, int64_t row_end,
                  const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
@@ -166,8 +177,8 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
       scales[r] = {d, d + nb};
     }
   }
-  // Unsigned 32-element types in prefill: each weight row is decoded once per panel into a
-  // staging buffer instead of once per activation tile.
+  // Prefill (a panel of at least kStageMinRows activation rows), all types but Q8_0: each weight
+  // row is decoded once per panel into a staging row instead of once per activation tile.
   constexpr bool kStaged = kBlock32 && T != TensorType::Q8_0;
   constexpr int64_t kStageMinRows = 8;
   qd::StagedRow32 staged{};
@@ -177,11 +188,32 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
     staged.d = f;
     staged.c = f + nb;
   }
+  const int64_t nbk = k / QK_K;
+  qd::StagedRowK staged_k{};
+  if constexpr (!kBlock32) {
+    staged_k.u = Grow(scratch.stage_u, static_cast<size_t>(k));
+    staged_k.scl = Grow(scratch.stage_i16, static_cast<size_t>(k / 2 + nbk * 16));
+    staged_k.mn = staged_k.scl + k / 2;
+    float* f = Grow(scratch.stage_f, static_cast<size_t>(2 * nbk));
+    staged_k.d = f;
+    staged_k.dmin = f + nbk;
+  }
   for (int64_t p0 = 0; p0 < n_act; p0 += panel) {
     const int64_t p1 = std::min(n_act, p0 + panel);
     for (int64_t i = row_begin; i < row_end; ++i) {
       const uint8_t* wr = w + i * w_stride;
       int64_t r = p0;
+      if constexpr (!kBlock32) {
+        if (p1 - p0 >= kStageMinRows) {
+          qd::StageRowK<T>(wr, nbk, staged_k);
+          for (; r + kTile <= p1; r += kTile)
+            RunStagedTileK<kTile>(staged_k, acts, act_stride, r, nbk, y, y_stride, i);
+          if (p1 - r == 3) RunStagedTileK<3>(staged_k, acts, act_stride, r, nbk, y, y_stride, i);
+          if (p1 - r == 2) RunStagedTileK<2>(staged_k, acts, act_stride, r, nbk, y, y_stride, i);
+          if (p1 - r == 1) RunStagedTileK<1>(staged_k, acts, act_stride, r, nbk, y, y_stride, i);
+          continue;
+        }
+      }
       if constexpr (kStaged) {
         if (p1 - p0 >= kStageMinRows) {
           qd::StageRow32<T>(wr, nb, staged);

@@ -717,6 +717,79 @@ HWY_INLINE void DotRowStaged32(const StagedRow32& w, const uint8_t* const* a, co
   for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r])) + extra[r];
 }
 
+// ---- prefill of K-quants: the weight row decoded once per activation panel
+
+// One K-quant weight row decoded: unsigned values, the scale of every s16 pair lane, the 16 group
+// mins and the two f32 factors per super-block (see KScales).
+struct StagedRowK {
+  uint8_t* u;    // [nbk * 256]
+  int16_t* scl;  // [nbk * 128] scale per pair lane
+  int16_t* mn;   // [nbk * 16]
+  float* d;      // [nbk]
+  float* dmin;   // [nbk]
+};
+
+template <TensorType T>
+HWY_INLINE void StageRowK(const uint8_t* w, int64_t nbk, const StagedRowK& st) {
+  using B = typename BlockK<T>::B;
+  const DU8 du8;
+  const D16 d16;
+  const B* wb = reinterpret_cast<const B*>(w);
+  for (int64_t b = 0; b < nbk; ++b) {
+    KScales s;
+    DecodeScales<T>(wb[b], s);
+    uint8_t* u = st.u + QK_K * b;
+    int16_t* scl = st.scl + (QK_K / 2) * b;
+    ForEachChunk<T>(wb[b], [&](VU8 v, size_t e0) HWY_ATTR {
+      hn::StoreU(v, du8, u + e0);
+      hn::StoreU(ScalesAt(s, e0), d16, scl + e0 / 2);
+    });
+    V16 mins[kPer32];
+    MinsOf(s, mins);
+    for (size_t h = 0; h < kPer32; ++h) hn::StoreU(mins[h], d16, st.mn + 16 * b + h * (kN / 2));
+    st.d[b] = s.d;
+    st.dmin[b] = s.dmin;
+  }
+}
+
+template <int RA>
+HWY_INLINE void DotRowStagedK(const StagedRowK& w, const uint8_t* const* a, int64_t nbk,
+                              float* out) {
+  const D8 d8;
+  const DU8 du8;
+  const D16 d16;
+  const D32 d32;
+  const DF df;
+  VF facc[RA];
+  for (int r = 0; r < RA; ++r) facc[r] = hn::Zero(df);
+  for (int64_t b = 0; b < nbk; ++b) {
+    const BlockQ8_K* ab[RA];
+    V32 iacc[RA];
+    for (int r = 0; r < RA; ++r) {
+      ab[r] = reinterpret_cast<const BlockQ8_K*>(a[r]) + b;
+      iacc[r] = hn::Zero(d32);
+    }
+    const uint8_t* u = w.u + QK_K * b;
+    const int16_t* scl = w.scl + (QK_K / 2) * b;
+    for (size_t e0 = 0; e0 < static_cast<size_t>(QK_K); e0 += kN) {
+      const VU8 v = hn::LoadU(du8, u + e0);
+      const V16 sc = hn::LoadU(d16, scl + e0 / 2);
+      for (int r = 0; r < RA; ++r)
+        iacc[r] = MulAddPairs(MulPairs(v, hn::LoadU(d8, ab[r]->qs + e0)), sc, iacc[r]);
+    }
+    for (int r = 0; r < RA; ++r) {
+      V32 msum = hn::Zero(d32);
+      for (size_t h = 0; h < kPer32; ++h)
+        msum = MulAddPairs(hn::LoadU(d16, w.mn + 16 * b + h * (kN / 2)),
+                           hn::LoadU(d16, ab[r]->bsums + h * (kN / 2)), msum);
+      const float ad = ab[r]->d;
+      facc[r] = hn::MulAdd(hn::ConvertTo(df, iacc[r]), hn::Set(df, w.d[b] * ad), facc[r]);
+      facc[r] = hn::MulAdd(hn::ConvertTo(df, msum), hn::Set(df, -w.dmin[b] * ad), facc[r]);
+    }
+  }
+  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r]));
+}
+
 // out[r] = dot(weight row w, activation row a[r]), r < RA; k elements. as: the activation rows'
 // f32 block scales (32-element types only).
 template <TensorType T, int RA>
