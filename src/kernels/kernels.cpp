@@ -19,6 +19,8 @@ HWY_EXPORT(MatmulRowsT);
 HWY_EXPORT(DotF32T);
 HWY_EXPORT(QuantizeActivationRowT);
 HWY_EXPORT(AxpyT);
+HWY_EXPORT(SwigluT);
+HWY_EXPORT(SoftmaxT);
 HWY_EXPORT(GegluT);
 HWY_EXPORT(AttentionScoresT);
 HWY_EXPORT(AttentionValuesT);
@@ -118,13 +120,13 @@ void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) 
   HWY_DYNAMIC_DISPATCH(RmsNormT)(x, w, out, n, eps);
 }
 void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  ref::swiglu(gate, up, out, n);
+  HWY_DYNAMIC_DISPATCH(SwigluT)(gate, up, out, n);
 }
 void geglu(const float* gate, const float* up, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(GegluT)(gate, up, out, n);
 }
 void softmax(float* x, int64_t n) {
-  ref::softmax(x, n);
+  HWY_DYNAMIC_DISPATCH(SoftmaxT)(x, n);
 }
 float dot_f32(const float* a, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(DotF32T)(a, b, n);
