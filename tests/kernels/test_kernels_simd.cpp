@@ -253,10 +253,10 @@ TEST_P(KernelsSimdVsRef, LargeTiles) {
           << r << " " << i;
 }
 
-// Decode batches (1 to 3 activation rows) take the fused kernels (weights unpacked in
-// registers), larger batches the staged 4x2 register tile (odd counts: 1-row remainder); rows
-// not a multiple of the 4-row group and a row_begin > 0.
-TEST_P(KernelsSimdVsRef, SmallBatchFused) {
+// Every batch shape of the integer path: 1-3 activation rows (tiles of 1-3 rows, weights decoded
+// per tile), 4-7 (one 4-row tile plus a remainder), 8 and more (weight rows staged once per
+// activation panel); a row_begin > 0 and rows that end mid-way.
+TEST_P(KernelsSimdVsRef, BatchShapes) {
   const TensorType wt = GetParam();
   std::mt19937 rng(4321 + static_cast<int>(wt));
   for (int64_t k : {256, 1536}) {
