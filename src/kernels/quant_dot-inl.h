@@ -164,38 +164,37 @@ constexpr bool IsBlock32(TensorType t) {
          t == TensorType::Q5_1 || t == TensorType::Q8_0;
 }
 
+// Block struct of each quantized weight type.
 template <TensorType T>
-struct Block32;
-template <>
-struct Block32<TensorType::Q4_0> {
-  using B = BlockQ4_0;
-  static constexpr int kOffset = 8;
-};
-template <>
-struct Block32<TensorType::Q4_1> {
-  using B = BlockQ4_1;
-  static constexpr int kOffset = 0;
-};
-template <>
-struct Block32<TensorType::Q5_0> {
-  using B = BlockQ5_0;
-  static constexpr int kOffset = 16;
-};
-template <>
-struct Block32<TensorType::Q5_1> {
-  using B = BlockQ5_1;
-  static constexpr int kOffset = 0;
-};
-template <>
-struct Block32<TensorType::Q8_0> {
-  using B = BlockQ8_0;
-  static constexpr int kOffset = 0;
-};
+struct BlockType;
+#define TANDEM_BLOCK_TYPE(TT)        \
+  template <>                        \
+  struct BlockType<TensorType::TT> { \
+    using type = Block##TT;          \
+  };
+TANDEM_BLOCK_TYPE(Q4_0)
+TANDEM_BLOCK_TYPE(Q4_1)
+TANDEM_BLOCK_TYPE(Q5_0)
+TANDEM_BLOCK_TYPE(Q5_1)
+TANDEM_BLOCK_TYPE(Q8_0)
+TANDEM_BLOCK_TYPE(Q2_K)
+TANDEM_BLOCK_TYPE(Q3_K)
+TANDEM_BLOCK_TYPE(Q4_K)
+TANDEM_BLOCK_TYPE(Q5_K)
+TANDEM_BLOCK_TYPE(Q6_K)
+#undef TANDEM_BLOCK_TYPE
+template <TensorType T>
+using BlockOf = typename BlockType<T>::type;
+
+// u - w of Q4_0 / Q5_0 (0 for the other 32-element types).
+constexpr int OffsetOf(TensorType t) {
+  return t == TensorType::Q4_0 ? 8 : t == TensorType::Q5_0 ? 16 : 0;
+}
 
 // The 32 integer weights of one block: signed values for Q8_0, the unsigned u (as u8 bits in a
 // signed vector) for the others.
 template <TensorType T>
-HWY_INLINE void Decode32(const typename Block32<T>::B& b, V8* w) {
+HWY_INLINE void Decode32(const BlockOf<T>& b, V8* w) {
   const D8 d8;
   if constexpr (T == TensorType::Q8_0) {
     for (size_t j = 0; j < kPer32; ++j) w[j] = hn::LoadU(d8, b.qs + j * kN);
@@ -318,8 +317,7 @@ HWY_INLINE V32 SumBlocks4(V32 m0, V32 m1, V32 m2, V32 m3) {
 template <TensorType T, int RA>
 HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActScales32* as,
                          int64_t nb, float* out) {
-  using Info = Block32<T>;
-  using B = typename Info::B;
+  using B = BlockOf<T>;
   constexpr bool kSigned = T == TensorType::Q8_0;
   constexpr bool kMin = T == TensorType::Q4_1 || T == TensorType::Q5_1;
   constexpr size_t kActBlock = kMin ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0);
@@ -369,7 +367,7 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
     const VF4 dw4 = HalvesToFloat4(base + offsetof(B, d), sizeof(B));
     const VF dw = Dup4(dw4);
     VF4 c4 = hn::Zero(df4);  // coefficient of d * sum(a) per block
-    if constexpr (Info::kOffset != 0) c4 = hn::Mul(dw4, hn::Set(df4, -float{Info::kOffset}));
+    if constexpr (OffsetOf(T) != 0) c4 = hn::Mul(dw4, hn::Set(df4, -float{OffsetOf(T)}));
     if constexpr (kMin) c4 = HalvesToFloat4(base + offsetof(B, m), sizeof(B));
     // In the low lanes only: each block's lanes are summed at the end, so the term counts once.
     const VF c = Low4(c4);
@@ -389,7 +387,7 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
     unsigned_of(wq, wu);
     const float dw = HalfToFloat(wb[b].d);
     float c = 0.0f;
-    if constexpr (Info::kOffset != 0) c = -static_cast<float>(Info::kOffset) * dw;
+    if constexpr (OffsetOf(T) != 0) c = -static_cast<float>(OffsetOf(T)) * dw;
     if constexpr (kMin) c = HalfToFloat(wb[b].m);
     for (int r = 0; r < RA; ++r) {
       facc[r] = hn::MulAdd(hn::ConvertTo(df, block_sum(wq, wu, r, b)), hn::Set(df, dw * as[r].d[b]),
@@ -401,29 +399,6 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
 }
 
 // ---------------------------------------------------------------- K-quants
-
-template <TensorType T>
-struct BlockK;
-template <>
-struct BlockK<TensorType::Q2_K> {
-  using B = BlockQ2_K;
-};
-template <>
-struct BlockK<TensorType::Q3_K> {
-  using B = BlockQ3_K;
-};
-template <>
-struct BlockK<TensorType::Q4_K> {
-  using B = BlockQ4_K;
-};
-template <>
-struct BlockK<TensorType::Q5_K> {
-  using B = BlockQ5_K;
-};
-template <>
-struct BlockK<TensorType::Q6_K> {
-  using B = BlockQ6_K;
-};
 
 // Per super-block: integer scale and min of each 16-element group (groups 0..7 in [0], 8..15 in
 // [1], one int16 lane each), and the two f32 factors. Kept in registers: the scale of a step is
@@ -467,7 +442,7 @@ HWY_INLINE void WidenGroups(VB bytes, V16x8* out) {
 }
 
 template <TensorType T>
-HWY_INLINE void DecodeScales(const typename BlockK<T>::B& b, KScales& s) {
+HWY_INLINE void DecodeScales(const BlockOf<T>& b, KScales& s) {
   const hn::FixedTag<uint8_t, 16> du16b;
   if constexpr (T == TensorType::Q4_K || T == TensorType::Q5_K) {
     // The eight 6-bit scales and mins (layout in BlockQ4_K's comment), four per 32-bit word.
@@ -540,7 +515,7 @@ HWY_INLINE hn::Vec<hn::CappedTag<int16_t, N / 2>> ScalesAt(const KScales& s, siz
 
 // Calls f(u, e0) with the unsigned values of elements [e0, e0 + kN) for every e0 of the block.
 template <TensorType T, class F>
-HWY_INLINE void ForEachChunk(const typename BlockK<T>::B& b, F&& f) {
+HWY_INLINE void ForEachChunk(const BlockOf<T>& b, F&& f) {
   const DU8 du;
   const auto k0F = hn::Set(du, 0x0F);
   const auto k3 = hn::Set(du, 3);
@@ -598,7 +573,7 @@ HWY_INLINE void ForEachChunk(const typename BlockK<T>::B& b, F&& f) {
 
 template <TensorType T, int RA>
 HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, float* out) {
-  using B = typename BlockK<T>::B;
+  using B = BlockOf<T>;
   const D8 d8;
   const D16 d16;
   const D32 d32;
@@ -639,12 +614,10 @@ HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, f
   for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r]));
 }
 
-// ---------------------------------------------------------------- dispatch on the weight type
-
 // ---- prefill of unsigned 32-element types: the weight row decoded once per activation panel
 
 // One weight row of Q4_0/Q4_1/Q5_0/Q5_1 decoded: u (32 bytes per block), d and the coefficient c
-// of d_a * sum(a) per block (see Block32).
+// of d_a * sum(a) per block (see the comment above IsBlock32).
 struct StagedRow32 {
   uint8_t* u;  // [nb * 32]
   float* d;    // [nb]
@@ -653,7 +626,7 @@ struct StagedRow32 {
 
 template <TensorType T>
 HWY_INLINE void StageRow32(const uint8_t* w, int64_t nb, const StagedRow32& st) {
-  using B = typename Block32<T>::B;
+  using B = BlockOf<T>;
   const DU8 du8;
   const B* wb = reinterpret_cast<const B*>(w);
   for (int64_t b = 0; b < nb; ++b) {
@@ -665,7 +638,7 @@ HWY_INLINE void StageRow32(const uint8_t* w, int64_t nb, const StagedRow32& st) 
     if constexpr (T == TensorType::Q4_1 || T == TensorType::Q5_1) {
       st.c[b] = HalfToFloat(wb[b].m);
     } else {
-      st.c[b] = -static_cast<float>(Block32<T>::kOffset) * st.d[b];
+      st.c[b] = -static_cast<float>(OffsetOf(T)) * st.d[b];
     }
   }
 }
@@ -731,7 +704,7 @@ struct StagedRowK {
 
 template <TensorType T>
 HWY_INLINE void StageRowK(const uint8_t* w, int64_t nbk, const StagedRowK& st) {
-  using B = typename BlockK<T>::B;
+  using B = BlockOf<T>;
   const DU8 du8;
   const D16 d16;
   const B* wb = reinterpret_cast<const B*>(w);
@@ -789,6 +762,8 @@ HWY_INLINE void DotRowStagedK(const StagedRowK& w, const uint8_t* const* a, int6
   }
   for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r]));
 }
+
+// ---------------------------------------------------------------- dispatch on the weight type
 
 // out[r] = dot(weight row w, activation row a[r]), r < RA; k elements. as: the activation rows'
 // f32 block scales (32-element types only).
