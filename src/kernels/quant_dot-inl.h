@@ -8,8 +8,11 @@
 //     dmin = d; Q3_K: u = q + 4, mn = 4 * s). sum(w * a) over a super-block is then
 //     d * sum(s * u * a) - dmin * sum(mn * bsum), where bsum (per 16 activations) comes with the
 //     Q8_K activation block.
-//   * 32-element types decode to signed values (Q4_0, Q5_0, Q8_0) or unsigned ones plus a
-//     float min (Q4_1, Q5_1, whose activation block Q8_1 carries d * sum(a)).
+//   * 32-element types decode to unsigned values u with w = d * u + c per block (Q4_0/Q5_0:
+//     c = -8d / -16d; Q4_1/Q5_1: c = m), the c term taken against d_a * sum(a) of the activation
+//     block (carried by Q8_1, computed once per call for Q8_0); Q8_0 weights stay signed.
+//     Four blocks go together: their integer sums are folded into one vector with horizontal
+//     pair adds, so the f32 convert/scale/accumulate runs once per four blocks.
 // The multiply is the u8 x s8 -> s16 pairwise multiply-add (pmaddubsw on x86; an emulation from
 // 16-bit ops elsewhere); signed weights go through it as |w| x (a * sign(w)). The s16 pair sums
 // are then multiplied by the sub-block scale (or 1) and summed pairwise into s32 (pmaddwd).
@@ -17,8 +20,10 @@
 // pair sum is at most 2 * 128 * 127 < 2^15, and a super-block's s32 sum stays below 2^31. The
 // integer sums per block are therefore exactly ggml's; only the f32 accumulation order differs.
 //
-// One call of DotRow computes one weight row against RA activation rows (RA = 1 for decode, 4 for
-// prefill): each weight block is decoded once and used RA times.
+// One call of DotRow computes one weight row against RA activation rows (RA = 1 for decode, up to
+// 4 for prefill): each weight block is decoded once and used RA times. In prefill the driver
+// instead decodes each weight row once per activation panel into a staging row (StageRow32 /
+// StageRowK) and runs DotRowStaged32 / DotRowStagedK over it (all types but Q8_0).
 
 #if defined(TANDEM_QUANT_DOT_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TANDEM_QUANT_DOT_INL_H_
