@@ -14,10 +14,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/tensor_type.h"
-#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "kernels/kernels.h"
@@ -116,58 +116,58 @@ inline bool IsIntType(TensorType t) {
 }
 
 #if HWY_TARGET != HWY_SCALAR
-// Rows [row_begin, row_end) of a quantized weight matrix against n_act quantized activation
-// rows. Activation rows are taken in panels that stay in L2 while every weight row of the range
-// streams past once per panel; within a panel each weight row meets the activation rows four at
-// a time (qd::DotRow decodes each weight block once per four rows).
-// Weight row wr against activation rows [r, r + RA); y[(r + j) * y_stride + i] = dot.
-template <TensorType T, int RA>
-HWY_INLINE void RunTile(const uint8_t* wr, const uint8_t* acts, size_t act_stride,
-                        const qd::ActScales32* scales, int64_t r, int64_t k, float* y,
+constexpr int kTileRows = 4;  // activation rows per weight-row pass of the integer path
+
+// dot(std::integral_constant<int, RA>, a, r, out) sets out[j] to the dot of weight row i with
+// activation row r + j (a[j] points at it), j < RA; the results go to y[(r + j) * y_stride + i].
+template <int RA, class Dot>
+HWY_INLINE void RunTile(const Dot& dot, const uint8_t* acts, size_t act_stride, int64_t r, float* y,
                         int64_t y_stride, int64_t i) {
   const uint8_t* a[RA];
   for (int j = 0; j < RA; ++j) a[j] = acts + (r + j) * act_stride;
   float out[RA];
-  qd::DotRow<T, RA>(wr, a, scales != nullptr ? scales + r : nullptr, k, out);
+  dot(std::integral_constant<int, RA>(), a, r, out);
   for (int j = 0; j < RA; ++j) y[(r + j) * y_stride + i] = out[j];
 }
 
-// As RunTile for a staged unsigned 32-element weight row.
-template <bool kMin, int RA>
-HWY_INLINE void RunStagedTile(const qd::StagedRow32& st, const uint8_t* acts, size_t act_stride,
-                              const qd::ActScales32* scales, int64_t r, int64_t nb, float* y,
-                              int64_t y_stride, int64_t i) {
-  const uint8_t* a[RA];
-  for (int j = 0; j < RA; ++j) a[j] = acts + (r + j) * act_stride;
-  float out[RA];
-  qd::DotRowStaged32<kMin, RA>(st, a, scales + r, nb, out);
-  for (int j = 0; j < RA; ++j) y[(r + j) * y_stride + i] = out[j];
+// Activation rows [p0, p1) against weight row i, kTileRows at a time and then the 1-3 left.
+template <class Dot>
+HWY_INLINE void RunTiles(const Dot& dot, const uint8_t* acts, size_t act_stride, int64_t p0,
+                         int64_t p1, float* y, int64_t y_stride, int64_t i) {
+  int64_t r = p0;
+  for (; r + kTileRows <= p1; r += kTileRows)
+    RunTile<kTileRows>(dot, acts, act_stride, r, y, y_stride, i);
+  switch (p1 - r) {
+    case 3:
+      return RunTile<3>(dot, acts, act_stride, r, y, y_stride, i);
+    case 2:
+      return RunTile<2>(dot, acts, act_stride, r, y, y_stride, i);
+    case 1:
+      return RunTile<1>(dot, acts, act_stride, r, y, y_stride, i);
+    default:
+      return;
+  }
 }
 
-template <int RA>
-HWY_INLINE void RunStagedTileK(const qd::StagedRowK& st, const uint8_t* acts, size_t act_stride,
-                               int64_t r, int64_t nbk, float* y, int64_t y_stride, int64_t i) {
-  const uint8_t* a[RA];
-  for (int j = 0; j < RA; ++j) a[j] = acts + (r + j) * act_stride;
-  float out[RA];
-  qd::DotRowStagedK<RA>(st, a, nbk, out);
-  for (int j = 0; j < RA; ++j) y[(r + j) * y_stride + i] = out[j];
-}
-
+// Rows [row_begin, row_end) of a quantized weight matrix against n_act quantized activation
+// rows. Activation rows are taken in panels that stay in L2 while every weight row of the range
+// streams past once per panel. In a panel of at least kStageMinRows rows (prefill), each weight
+// row is first decoded into a staging row (all types but Q8_0, whose decoding is one load);
+// otherwise (decode) qd::DotRow decodes each weight block in registers once per tile.
 template <TensorType T>
 void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin, int64_t row_end,
                  const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
                  int64_t y_stride) {
   constexpr bool kBlock32 = qd::IsBlock32(T);
-  // Activation rows per weight-row pass: 32-element types do more f32 work per block, so a
-  // larger tile spreads each weight block's decoding over more rows.
-  constexpr int kTile = 4;
+  constexpr bool kStaged32 = kBlock32 && T != TensorType::Q8_0;
+  constexpr bool kMin = T == TensorType::Q4_1 || T == TensorType::Q5_1;
+  constexpr int64_t kStageMinRows = 8;
   const int64_t panel = std::max<int64_t>(
-      kTile,
-      static_cast<int64_t>(kActPanelBytes / std::max<size_t>(act_stride, 1)) / kTile * kTile);
+      kTileRows, static_cast<int64_t>(kActPanelBytes / std::max<size_t>(act_stride, 1)) /
+                     kTileRows * kTileRows);
+  Scratch& scratch = GetScratch();
   // 32-element types: the activation rows' f32 block scales, once per call.
   const int64_t nb = k / 32;
-  Scratch& scratch = GetScratch();
   qd::ActScales32* scales = nullptr;
   if constexpr (kBlock32) {
     float* buf = Grow(scratch.act_scales, static_cast<size_t>(2 * n_act * nb));
@@ -178,20 +178,15 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
       scales[r] = {d, d + nb};
     }
   }
-  // Prefill (a panel of at least kStageMinRows activation rows), all types but Q8_0: each weight
-  // row is decoded once per panel into a staging row instead of once per activation tile.
-  constexpr bool kStaged = kBlock32 && T != TensorType::Q8_0;
-  constexpr int64_t kStageMinRows = 8;
+  const int64_t nbk = k / QK_K;
   qd::StagedRow32 staged{};
-  if constexpr (kStaged) {
+  qd::StagedRowK staged_k{};
+  if constexpr (kStaged32) {
     staged.u = Grow(scratch.stage_u, static_cast<size_t>(k));
     float* f = Grow(scratch.stage_f, static_cast<size_t>(2 * nb));
     staged.d = f;
     staged.c = f + nb;
-  }
-  const int64_t nbk = k / QK_K;
-  qd::StagedRowK staged_k{};
-  if constexpr (!kBlock32) {
+  } else if constexpr (!kBlock32) {
     staged_k.u = Grow(scratch.stage_u, static_cast<size_t>(k));
     staged_k.scl = Grow(scratch.stage_i16, static_cast<size_t>(k / 2 + nbk * 16));
     staged_k.mn = staged_k.scl + k / 2;
@@ -201,44 +196,32 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
   }
   for (int64_t p0 = 0; p0 < n_act; p0 += panel) {
     const int64_t p1 = std::min(n_act, p0 + panel);
+    const bool stage = p1 - p0 >= kStageMinRows;
     for (int64_t i = row_begin; i < row_end; ++i) {
       const uint8_t* wr = w + i * w_stride;
-      int64_t r = p0;
-      if constexpr (!kBlock32) {
-        if (p1 - p0 >= kStageMinRows) {
-          qd::StageRowK<T>(wr, nbk, staged_k);
-          for (; r + kTile <= p1; r += kTile)
-            RunStagedTileK<kTile>(staged_k, acts, act_stride, r, nbk, y, y_stride, i);
-          if (p1 - r == 3) RunStagedTileK<3>(staged_k, acts, act_stride, r, nbk, y, y_stride, i);
-          if (p1 - r == 2) RunStagedTileK<2>(staged_k, acts, act_stride, r, nbk, y, y_stride, i);
-          if (p1 - r == 1) RunStagedTileK<1>(staged_k, acts, act_stride, r, nbk, y, y_stride, i);
-          continue;
-        }
-      }
-      if constexpr (kStaged) {
-        if (p1 - p0 >= kStageMinRows) {
+      if constexpr (kStaged32) {
+        if (stage) {
           qd::StageRow32<T>(wr, nb, staged);
-          constexpr bool kMin = T == TensorType::Q4_1 || T == TensorType::Q5_1;
-          for (; r + kTile <= p1; r += kTile)
-            RunStagedTile<kMin, kTile>(staged, acts, act_stride, scales, r, nb, y, y_stride, i);
-          if (p1 - r == 3)
-            RunStagedTile<kMin, 3>(staged, acts, act_stride, scales, r, nb, y, y_stride, i);
-          if (p1 - r == 2)
-            RunStagedTile<kMin, 2>(staged, acts, act_stride, scales, r, nb, y, y_stride, i);
-          if (p1 - r == 1)
-            RunStagedTile<kMin, 1>(staged, acts, act_stride, scales, r, nb, y, y_stride, i);
+          const auto dot = [&](auto ra, const uint8_t* const* a, int64_t r, float* out) HWY_ATTR {
+            qd::DotRowStaged32<kMin, decltype(ra)::value>(staged, a, scales + r, nb, out);
+          };
+          RunTiles(dot, acts, act_stride, p0, p1, y, y_stride, i);
+          continue;
+        }
+      } else if constexpr (!kBlock32) {
+        if (stage) {
+          qd::StageRowK<T>(wr, nbk, staged_k);
+          const auto dot = [&](auto ra, const uint8_t* const* a, int64_t, float* out) HWY_ATTR {
+            qd::DotRowStagedK<decltype(ra)::value>(staged_k, a, nbk, out);
+          };
+          RunTiles(dot, acts, act_stride, p0, p1, y, y_stride, i);
           continue;
         }
       }
-      for (; r + kTile <= p1; r += kTile)
-        RunTile<T, kTile>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
-      if (kTile > 4 && r + 4 <= p1) {
-        RunTile<T, 4>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
-        r += 4;
-      }
-      if (p1 - r == 3) RunTile<T, 3>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
-      if (p1 - r == 2) RunTile<T, 2>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
-      if (p1 - r == 1) RunTile<T, 1>(wr, acts, act_stride, scales, r, k, y, y_stride, i);
+      const auto dot = [&](auto ra, const uint8_t* const* a, int64_t r, float* out) HWY_ATTR {
+        qd::DotRow<T, decltype(ra)::value>(wr, a, kBlock32 ? scales + r : nullptr, k, out);
+      };
+      RunTiles(dot, acts, act_stride, p0, p1, y, y_stride, i);
     }
   }
 }

@@ -34,7 +34,6 @@
 
 #include <cstddef>
 #include <cstring>
-#include <type_traits>
 
 #include "common/tensor_type.h"
 #include "hwy/cache_control.h"
@@ -126,6 +125,12 @@ HWY_INLINE uint16_t LoadU16(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
   return v;
+}
+
+// Decode streams each weight byte once: fetch the `bytes` at p one KiB ahead of the loads.
+HWY_INLINE void PrefetchAhead(const void* p, size_t bytes) {
+  const auto* next = static_cast<const uint8_t*>(p) + 1024;
+  for (size_t off = 0; off < bytes; off += 64) hwy::Prefetch(next + off);
 }
 
 // Elements [0, 32) of a 16-byte nibble array (element j < 16: low nibble of qs[j]; j >= 16: high
@@ -318,6 +323,24 @@ HWY_INLINE V32 SumBlocks4(V32 m0, V32 m1, V32 m2, V32 m3) {
   return PairAdd(PairAdd(m0, m1), PairAdd(m2, m3));
 }
 
+// The int8 values of block b of a Q8_1 (kMin) or Q8_0 activation row.
+template <bool kMin>
+HWY_INLINE const int8_t* ActQs(const uint8_t* row, int64_t b) {
+  constexpr size_t kBlock = kMin ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0);
+  constexpr size_t kQs = kMin ? offsetof(BlockQ8_1, qs) : offsetof(BlockQ8_0, qs);
+  return reinterpret_cast<const int8_t*>(row + b * static_cast<int64_t>(kBlock) + kQs);
+}
+
+// facc += the f32 value of blocks [b, b + 4) of one activation row: isum from SumBlocks4, dw the
+// weight d of the four blocks (Dup4), c their coefficient of d_a * sum(a) (Low4) when kC.
+template <bool kC>
+HWY_INLINE VF AddBlocks4(VF facc, V32 isum, VF dw, VF c, const ActScales32& as, int64_t b) {
+  const DF df;
+  facc = hn::MulAdd(hn::ConvertTo(df, isum), hn::Mul(dw, hn::LoadDup128(df, as.d + b)), facc);
+  if constexpr (kC) facc = hn::MulAdd(c, Low4(hn::LoadU(DF4(), as.s + b)), facc);
+  return facc;
+}
+
 // out[r] = dot(weight row w, activation row a[r]) for RA activation rows.
 template <TensorType T, int RA>
 HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActScales32* as,
@@ -325,8 +348,6 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
   using B = BlockOf<T>;
   constexpr bool kSigned = T == TensorType::Q8_0;
   constexpr bool kMin = T == TensorType::Q4_1 || T == TensorType::Q5_1;
-  constexpr size_t kActBlock = kMin ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0);
-  constexpr size_t kActQs = kMin ? 4 : 2;  // offset of qs in the activation block
   const D8 d8;
   const DU8 du8;
   const D16 d16;
@@ -343,7 +364,7 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
   const B* wb = reinterpret_cast<const B*>(w);
   // Integer sum of weight block wq (decoded) with activation block b of row r.
   const auto block_sum = [&](const V8* wq, const VU8* wu, int r, int64_t b) HWY_ATTR {
-    const int8_t* aq = reinterpret_cast<const int8_t*>(a[r]) + b * kActBlock + kActQs;
+    const int8_t* aq = ActQs<kMin>(a[r], b);
     V32 isum = hn::Zero(d32);
     for (size_t j = 0; j < kPer32; ++j) {
       V8 av = hn::LoadU(d8, aq + j * kN);
@@ -358,10 +379,7 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
   };
   int64_t b = 0;
   for (; b + 4 <= nb; b += 4) {
-    if constexpr (RA == 1) {
-      const auto* next = reinterpret_cast<const uint8_t*>(wb + b) + 1024;
-      for (size_t off = 0; off < 4 * sizeof(B); off += 64) hwy::Prefetch(next + off);
-    }
+    if constexpr (RA == 1) PrefetchAhead(wb + b, 4 * sizeof(B));
     V8 wq[4][kPer32];
     VU8 wu[4][kPer32];
     for (int q = 0; q < 4; ++q) {
@@ -380,9 +398,7 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
       const V32 isum =
           SumBlocks4(block_sum(wq[0], wu[0], r, b), block_sum(wq[1], wu[1], r, b + 1),
                      block_sum(wq[2], wu[2], r, b + 2), block_sum(wq[3], wu[3], r, b + 3));
-      facc[r] = hn::MulAdd(hn::ConvertTo(df, isum), hn::Mul(dw, hn::LoadDup128(df, as[r].d + b)),
-                           facc[r]);
-      if constexpr (!kSigned) facc[r] = hn::MulAdd(c, Low4(hn::LoadU(df4, as[r].s + b)), facc[r]);
+      facc[r] = AddBlocks4<!kSigned>(facc[r], isum, dw, c, as[r], b);
     }
   }
   for (; b < nb; ++b) {
@@ -576,21 +592,29 @@ HWY_INLINE void ForEachChunk(const BlockOf<T>& b, F&& f) {
   }
 }
 
+// facc += the f32 value of one super-block against activation block ab: d * da * isum (the
+// scaled integer sum) - dmin * da * sum(mins * bsums), mins as kPer32 vectors of pair lanes.
+HWY_INLINE VF AddSuperBlock(VF facc, V32 isum, const V16* mins, const BlockQ8_K& ab, float d,
+                            float dmin) {
+  const DF df;
+  V32 msum = hn::Zero(D32());
+  for (size_t h = 0; h < kPer32; ++h)
+    msum = MulAddPairs(mins[h], hn::LoadU(D16(), ab.bsums + h * (kN / 2)), msum);
+  facc = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, d * ab.d), facc);
+  return hn::MulAdd(hn::ConvertTo(df, msum), hn::Set(df, -dmin * ab.d), facc);
+}
+
 template <TensorType T, int RA>
 HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, float* out) {
   using B = BlockOf<T>;
   const D8 d8;
-  const D16 d16;
   const D32 d32;
   const DF df;
   VF facc[RA];
   for (int r = 0; r < RA; ++r) facc[r] = hn::Zero(df);
   const B* wb = reinterpret_cast<const B*>(w);
   for (int64_t b = 0; b < nb; ++b) {
-    if constexpr (RA == 1) {  // decode streams the weights once: fetch ahead of the loads
-      const auto* next = reinterpret_cast<const uint8_t*>(wb + b) + 1024;
-      for (size_t off = 0; off < sizeof(B); off += 64) hwy::Prefetch(next + off);
-    }
+    if constexpr (RA == 1) PrefetchAhead(wb + b, sizeof(B));
     KScales s;
     DecodeScales<T>(wb[b], s);
     const BlockQ8_K* ab[RA];
@@ -604,17 +628,10 @@ HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, f
       for (int r = 0; r < RA; ++r)
         iacc[r] = MulAddPairs(MulPairs(u, hn::LoadU(d8, ab[r]->qs + e0)), scl, iacc[r]);
     });
-    // Min terms: sum over the 16 groups of mn * bsum.
     V16 mins[kPer32];
     MinsOf(s, mins);
-    for (int r = 0; r < RA; ++r) {
-      V32 msum = hn::Zero(d32);
-      for (size_t h = 0; h < kPer32; ++h)
-        msum = MulAddPairs(mins[h], hn::LoadU(d16, ab[r]->bsums + h * (kN / 2)), msum);
-      const float ad = ab[r]->d;
-      facc[r] = hn::MulAdd(hn::ConvertTo(df, iacc[r]), hn::Set(df, s.d * ad), facc[r]);
-      facc[r] = hn::MulAdd(hn::ConvertTo(df, msum), hn::Set(df, -s.dmin * ad), facc[r]);
-    }
+    for (int r = 0; r < RA; ++r)
+      facc[r] = AddSuperBlock(facc[r], iacc[r], mins, *ab[r], s.d, s.dmin);
   }
   for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r]));
 }
@@ -653,8 +670,6 @@ HWY_INLINE void StageRow32(const uint8_t* w, int64_t nb, const StagedRow32& st) 
 template <bool kMin, int RA>
 HWY_INLINE void DotRowStaged32(const StagedRow32& w, const uint8_t* const* a, const ActScales32* as,
                                int64_t nb, float* out) {
-  constexpr size_t kActBlock = kMin ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0);
-  constexpr size_t kActQs = kMin ? 4 : 2;
   const D8 d8;
   const DU8 du8;
   const D16 d16;
@@ -665,7 +680,7 @@ HWY_INLINE void DotRowStaged32(const StagedRow32& w, const uint8_t* const* a, co
   VF facc[RA];
   for (int r = 0; r < RA; ++r) facc[r] = hn::Zero(df);
   const auto block_sum = [&](int r, int64_t b) HWY_ATTR {
-    const int8_t* aq = reinterpret_cast<const int8_t*>(a[r]) + b * kActBlock + kActQs;
+    const int8_t* aq = ActQs<kMin>(a[r], b);
     V32 isum = hn::Zero(d32);
     for (size_t j = 0; j < kPer32; ++j)
       isum = MulAddPairs(
@@ -679,9 +694,7 @@ HWY_INLINE void DotRowStaged32(const StagedRow32& w, const uint8_t* const* a, co
     for (int r = 0; r < RA; ++r) {
       const V32 isum = SumBlocks4(block_sum(r, b), block_sum(r, b + 1), block_sum(r, b + 2),
                                   block_sum(r, b + 3));
-      facc[r] = hn::MulAdd(hn::ConvertTo(df, isum), hn::Mul(dw, hn::LoadDup128(df, as[r].d + b)),
-                           facc[r]);
-      facc[r] = hn::MulAdd(c, Low4(hn::LoadU(df4, as[r].s + b)), facc[r]);
+      facc[r] = AddBlocks4<true>(facc[r], isum, dw, c, as[r], b);
     }
   }
   float extra[RA] = {};
@@ -755,15 +768,10 @@ HWY_INLINE void DotRowStagedK(const StagedRowK& w, const uint8_t* const* a, int6
       for (int r = 0; r < RA; ++r)
         iacc[r] = MulAddPairs(MulPairs(v, hn::LoadU(d8, ab[r]->qs + e0)), sc, iacc[r]);
     }
-    for (int r = 0; r < RA; ++r) {
-      V32 msum = hn::Zero(d32);
-      for (size_t h = 0; h < kPer32; ++h)
-        msum = MulAddPairs(hn::LoadU(d16, w.mn + 16 * b + h * (kN / 2)),
-                           hn::LoadU(d16, ab[r]->bsums + h * (kN / 2)), msum);
-      const float ad = ab[r]->d;
-      facc[r] = hn::MulAdd(hn::ConvertTo(df, iacc[r]), hn::Set(df, w.d[b] * ad), facc[r]);
-      facc[r] = hn::MulAdd(hn::ConvertTo(df, msum), hn::Set(df, -w.dmin[b] * ad), facc[r]);
-    }
+    V16 mins[kPer32];
+    for (size_t h = 0; h < kPer32; ++h) mins[h] = hn::LoadU(d16, w.mn + 16 * b + h * (kN / 2));
+    for (int r = 0; r < RA; ++r)
+      facc[r] = AddSuperBlock(facc[r], iacc[r], mins, *ab[r], w.d[b], w.dmin[b]);
   }
   for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r]));
 }
