@@ -441,27 +441,26 @@ HWY_INLINE void ScoreTile(const float* q, int64_t hd, const float* k, size_t key
     }
 }
 
+// RQ query rows against all n_k keys: 4-key tiles, then single keys.
+template <int RQ>
+HWY_INLINE void ScoreRows(const float* q, int64_t hd, const float* keys, size_t key_stride,
+                          int64_t n_k, float scale, float* scores, size_t score_stride) {
+  int64_t j = 0;
+  for (; j + 4 <= n_k; j += 4)
+    ScoreTile<RQ, 4>(q, hd, keys + j * key_stride, key_stride, scale, scores + j, score_stride);
+  for (; j < n_k; ++j)
+    ScoreTile<RQ, 1>(q, hd, keys + j * key_stride, key_stride, scale, scores + j, score_stride);
+}
+
 void AttentionScoresT(const float* queries, int64_t n_q, const float* keys, size_t key_stride,
                       int64_t n_k, int64_t hd, float scale, float* scores, size_t score_stride) {
   int64_t q = 0;
-  for (; q + 2 <= n_q; q += 2) {
-    const float* qr = queries + q * hd;
-    float* sr = scores + q * score_stride;
-    int64_t j = 0;
-    for (; j + 4 <= n_k; j += 4)
-      ScoreTile<2, 4>(qr, hd, keys + j * key_stride, key_stride, scale, sr + j, score_stride);
-    for (; j < n_k; ++j)
-      ScoreTile<2, 1>(qr, hd, keys + j * key_stride, key_stride, scale, sr + j, score_stride);
-  }
-  for (; q < n_q; ++q) {
-    int64_t j = 0;
-    for (; j + 4 <= n_k; j += 4)
-      ScoreTile<1, 4>(queries + q * hd, hd, keys + j * key_stride, key_stride, scale,
-                      scores + q * score_stride + j, score_stride);
-    for (; j < n_k; ++j)
-      ScoreTile<1, 1>(queries + q * hd, hd, keys + j * key_stride, key_stride, scale,
-                      scores + q * score_stride + j, score_stride);
-  }
+  for (; q + 2 <= n_q; q += 2)
+    ScoreRows<2>(queries + q * hd, hd, keys, key_stride, n_k, scale, scores + q * score_stride,
+                 score_stride);
+  if (q < n_q)
+    ScoreRows<1>(queries + q * hd, hd, keys, key_stride, n_k, scale, scores + q * score_stride,
+                 score_stride);
 }
 
 // RG output rows, columns [d, d + kCols * N): the accumulators stay in registers over all keys
