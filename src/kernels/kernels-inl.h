@@ -24,6 +24,7 @@
 #include "kernels/kernels_ref.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/quant_dot-inl.h"
+#include "kernels/tile_dot-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::kernels {
@@ -91,6 +92,8 @@ struct Scratch {
   std::vector<uint8_t> stage_u;  // one decoded weight row (unsigned 32-element types)
   std::vector<float> stage_f;
   std::vector<int16_t> stage_i16;
+  std::vector<uint8_t> tile;      // one staged weight tile (tile_dot-inl.h)
+  std::vector<int32_t> act_corr;  // per activation block: start of the tile accumulators
 #endif
 };
 inline Scratch& GetScratch() {
@@ -149,6 +152,33 @@ HWY_INLINE void RunTiles(const Dot& dot, const uint8_t* acts, size_t act_stride,
   }
 }
 
+// Prefill of the 32-element types (tile_dot-inl.h): the first whole tiles of rows
+// [row_begin, row_end), each staged once and run against all n_act activation rows. Returns the
+// first row left for MatmulQuant's own loop (fewer than td::kTileW).
+template <TensorType T>
+int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin,
+                      int64_t row_end, const uint8_t* acts, size_t act_stride, int64_t n_act,
+                      float* y, int64_t y_stride) {
+  constexpr int64_t kW = static_cast<int64_t>(td::kTileW);
+  constexpr bool kMin = td::HasMin(T);
+  const int64_t n_tiles = (row_end - row_begin) / kW;
+  if (n_tiles == 0) return row_begin;
+  const int64_t nb = k / 32;
+  Scratch& scratch = GetScratch();
+  float* d = Grow(scratch.act_scales, static_cast<size_t>(2 * n_act * nb));
+  float* s = d + n_act * nb;
+  int32_t* corr = Grow(scratch.act_corr, static_cast<size_t>(n_act * nb));
+  td::PrepareActs32<T>(acts, act_stride, n_act, nb, d, s, corr);
+  const td::Acts32 a{acts, act_stride, d, s, corr};
+  const td::Tile32 tile = td::TileIn(Grow(scratch.tile, td::TileBytes(nb)), nb);
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    const int64_t i0 = row_begin + t * kW;
+    td::StageTile32<T>(w + i0 * w_stride, w_stride, nb, tile);
+    td::TileDotAll<kMin>(tile, a, n_act, nb, y + i0, y_stride);
+  }
+  return row_begin + n_tiles * kW;
+}
+
 // Rows [row_begin, row_end) of a quantized weight matrix against n_act quantized activation
 // rows. Activation rows are taken in panels that stay in L2 while every weight row of the range
 // streams past once per panel. In a panel of at least kStageMinRows rows (prefill), each weight
@@ -162,6 +192,13 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
   constexpr bool kStaged32 = kBlock32 && T != TensorType::Q8_0;
   constexpr bool kMin = T == TensorType::Q4_1 || T == TensorType::Q5_1;
   constexpr int64_t kStageMinRows = 8;
+  if constexpr (td::UsesTiles(T)) {
+    if (n_act >= kStageMinRows) {
+      row_begin = MatmulTiled32<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,
+                                   y_stride);
+      if (row_begin == row_end) return;
+    }
+  }
   const int64_t panel = std::max<int64_t>(
       kTileRows, static_cast<int64_t>(kActPanelBytes / std::max<size_t>(act_stride, 1)) /
                      kTileRows * kTileRows);

@@ -337,6 +337,51 @@ TEST_P(KernelsSimdVsRef, ShortRowsBlockRemainders) {
   }
 }
 
+// Prefill shapes across several weight-row tiles of the tiled path (tile_dot-inl.h: 4, 8 or 16
+// rows a tile) with a partial tile left over, a row_begin off the tile grid, activation row
+// counts around its groups of 4 or 8, and a y stride wider than the rows.
+TEST_P(KernelsSimdVsRef, PrefillAcrossRowTiles) {
+  const TensorType wt = GetParam();
+  if (!IsQuant(wt)) GTEST_SKIP() << "quantized types";
+  std::mt19937 rng(777 + static_cast<int>(wt));
+  const int64_t bs = traits(wt).block_size;
+  const int64_t rows = 40, row_begin = 3, y_stride = rows + 5;
+  for (int64_t k : {bs, 3 * bs, bs == 32 ? int64_t{640} : 2 * bs}) {
+    for (int64_t n_act : {8, 9, 12, 17, 23}) {
+      SCOPED_TRACE("k=" + std::to_string(k) + " n_act=" + std::to_string(n_act));
+      const size_t as = row_bytes(activation_type(wt), k);
+      const size_t wrb = row_bytes(wt, k);
+      const auto wu = RandomWeights(rng, wt, rows, k, /*unit_scales=*/true);
+      const auto au = UnitActs(rng, wt, n_act, k);
+      const auto wr = RandomWeights(rng, wt, rows, k);
+      const auto ar = RandomActs(rng, wt, n_act, k, as);
+      std::vector<float> u_ref(static_cast<size_t>(n_act * y_stride), -7.0f), z_ref(u_ref);
+      ref::matmul_rows(wt, k, wu.data(), row_begin, rows, au.data(), as, n_act, u_ref.data(),
+                       y_stride);
+      ref::matmul_rows(wt, k, wr.data(), row_begin, rows, ar.data(), as, n_act, z_ref.data(),
+                       y_stride);
+      ForEachTarget([&](const char*) {
+        std::vector<float> u(u_ref.size(), -7.0f), z(z_ref.size(), -7.0f);
+        matmul_rows(wt, k, wu.data(), row_begin, rows, au.data(), as, n_act, u.data(), y_stride);
+        matmul_rows(wt, k, wr.data(), row_begin, rows, ar.data(), as, n_act, z.data(), y_stride);
+        for (int64_t r = 0; r < n_act; ++r) {
+          for (int64_t i = 0; i < y_stride; ++i) {
+            const size_t at = static_cast<size_t>(r * y_stride + i);
+            EXPECT_EQ(u[at], u_ref[at]) << "unit scales: act " << r << " row " << i;
+            if (i < row_begin || i >= rows) {
+              EXPECT_EQ(z[at], -7.0f) << "written outside the rows: act " << r << " row " << i;
+              continue;
+            }
+            EXPECT_NEAR(z[at], z_ref[at],
+                        1e-5 * AbsDot(wt, k, wr.data() + i * wrb, ar.data() + r * as) + 1e-30)
+                << "act " << r << " row " << i;
+          }
+        }
+      });
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelsSimdVsRef, ::testing::ValuesIn(WeightTypes()), TypeName);
 
 TEST(KernelsSimdF32, DotAxpyRmsNorm) {
