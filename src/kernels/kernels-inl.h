@@ -174,7 +174,37 @@ int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_
   for (int64_t t = 0; t < n_tiles; ++t) {
     const int64_t i0 = row_begin + t * kW;
     td::StageTile32<T>(w + i0 * w_stride, w_stride, nb, tile);
-    td::TileDotAll<kMin>(tile, a, n_act, nb, y + i0, y_stride);
+    td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
+      td::TileDot32<kMin, decltype(ra)::value>(tile, a, r, nb, y + i0, y_stride);
+    });
+  }
+  return row_begin + n_tiles * kW;
+}
+
+// The same for the K-quants.
+template <TensorType T>
+int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin,
+                     int64_t row_end, const uint8_t* acts, size_t act_stride, int64_t n_act,
+                     float* y, int64_t y_stride) {
+  constexpr int64_t kW = static_cast<int64_t>(td::kTileW);
+  const int64_t n_tiles = (row_end - row_begin) / kW;
+  if (n_tiles == 0) return row_begin;
+  const int64_t nbk = k / QK_K;
+  Scratch& scratch = GetScratch();
+  qd::StagedRowK row;
+  row.u = Grow(scratch.stage_u, static_cast<size_t>(k));
+  row.scl = Grow(scratch.stage_i16, static_cast<size_t>(k / 2 + nbk * 16));
+  row.mn = row.scl + k / 2;
+  row.d = Grow(scratch.stage_f, static_cast<size_t>(2 * nbk));
+  row.dmin = row.d + nbk;
+  const td::TileK tile = td::TileKIn(Grow(scratch.tile, td::TileBytesK(nbk)), nbk);
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    const int64_t i0 = row_begin + t * kW;
+    td::StageTileK<T>(w + i0 * w_stride, w_stride, nbk, row, tile);
+    td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
+      td::TileDotK<td::GroupLenK(T), decltype(ra)::value>(tile, acts, act_stride, r, nbk, y + i0,
+                                                          y_stride);
+    });
   }
   return row_begin + n_tiles * kW;
 }
@@ -194,8 +224,13 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
   constexpr int64_t kStageMinRows = 8;
   if constexpr (td::UsesTiles(T)) {
     if (n_act >= kStageMinRows) {
-      row_begin = MatmulTiled32<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,
-                                   y_stride);
+      if constexpr (kBlock32) {
+        row_begin = MatmulTiled32<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,
+                                     y_stride);
+      } else {
+        row_begin = MatmulTiledK<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,
+                                    y_stride);
+      }
       if (row_begin == row_end) return;
     }
   }

@@ -48,6 +48,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DI = hn::ScalableTag<int32_t>;  // one lane per weight row of a tile
 using DB = hn::Repartition<int8_t, DI>;
+using DUB = hn::Repartition<uint8_t, DI>;
 using DFT = hn::Repartition<float, DI>;
 using VI = hn::Vec<DI>;
 using VB = hn::Vec<DB>;
@@ -96,7 +97,7 @@ HWY_INLINE VI Dot4(VI acc, const int8_t* a, VB u) {
 
 // Types that take the tiled path on this target.
 constexpr bool UsesTiles(TensorType t) {
-  return qd::IsBlock32(t) && (t != TensorType::Q8_0 || kExact32);
+  return t != TensorType::Q8_0 || kExact32;
 }
 constexpr bool HasMin(TensorType t) {
   return t == TensorType::Q4_1 || t == TensorType::Q5_1;
@@ -224,8 +225,7 @@ HWY_INLINE void TileDot32(const Tile32& tile, const Acts32& acts, int64_t r0, in
       isum[j] = hn::Set(di, acts.corr[(r0 + j) * nb + b]);
     }
     for (size_t g = 0; g < kGroups; ++g) {
-      const VB uv =
-          hn::BitCast(DB(), hn::LoadU(hn::Repartition<uint8_t, DI>(), ub + g * kTileW * 4));
+      const VB uv = hn::BitCast(DB(), hn::LoadU(DUB(), ub + g * kTileW * 4));
       for (int j = 0; j < RA; ++j) isum[j] = Dot4(isum[j], a[j] + 4 * g, uv);
     }
     const size_t at = static_cast<size_t>(b) * kTileW;
@@ -241,33 +241,154 @@ HWY_INLINE void TileDot32(const Tile32& tile, const Acts32& acts, int64_t r0, in
   for (int j = 0; j < RA; ++j) hn::StoreU(facc[j], df, y0 + (r0 + j) * y_stride);
 }
 
-// Activation rows per pass: as many accumulator pairs as the register file holds.
+// ---------------------------------------------------------------- K-quants
+
+// The same tiles for the K-quants (Q2_K..Q6_K), from quant_dot's decoding (see StageRowK): per
+// super-block, unsigned u interleaved as above, and per 16-element group an integer scale s and
+// min mn, so that the row's dot is d * sum_g s_g * (u . a)_g - dmin * sum_g mn_g * bsum_g.
+// Each group's dot of fours is multiplied by its scale in 32 bits (groups of 32 where both halves
+// share a scale: Q4_K, Q5_K); the mins go against the Q8_K block's bsums, two groups per 32-bit
+// lane through the 16-bit pair multiply-add.
+struct TileK {
+  uint8_t* u;    // [nbk * 64 * kTileW * 4]
+  int32_t* scl;  // [nbk * 16 * kTileW]  s of each 16-element group
+  int32_t* mn;   // [nbk * 8 * kTileW]   (mn of group 2p, mn of group 2p + 1) as int16 pairs
+  float* d;      // [nbk * kTileW]
+  float* dmin;   // [nbk * kTileW]
+};
+
+inline size_t TileBytesK(int64_t nbk) {
+  return static_cast<size_t>(nbk) * kTileW * (QK_K + 24 * sizeof(int32_t) + 2 * sizeof(float));
+}
+
+inline TileK TileKIn(uint8_t* buf, int64_t nbk) {
+  const size_t n = static_cast<size_t>(nbk) * kTileW;
+  uint8_t* p = buf + QK_K * n;
+  TileK t;
+  t.u = buf;
+  t.scl = reinterpret_cast<int32_t*>(p);
+  t.mn = t.scl + 16 * n;
+  t.d = reinterpret_cast<float*>(t.mn + 8 * n);
+  t.dmin = t.d + n;
+  return t;
+}
+
+// Elements per scale group of the tiled kernel.
+constexpr int GroupLenK(TensorType t) {
+  return t == TensorType::Q4_K || t == TensorType::Q5_K ? 32 : 16;
+}
+
+// Decodes kTileW rows into `tile`, one row at a time through `row` (one row's staging buffers).
+template <TensorType T>
+HWY_INLINE void StageTileK(const uint8_t* w, size_t w_stride, int64_t nbk,
+                           const qd::StagedRowK& row, const TileK& tile) {
+  for (size_t r = 0; r < kTileW; ++r) {
+    qd::StageRowK<T>(w + r * w_stride, nbk, row);
+    for (int64_t b = 0; b < nbk; ++b) {
+      const uint8_t* u = row.u + QK_K * b;
+      uint8_t* dst = tile.u + (static_cast<size_t>(b) * 64 * kTileW + r) * 4;
+      for (size_t g = 0; g < 64; ++g) std::memcpy(dst + g * kTileW * 4, u + 4 * g, 4);
+      const int16_t* mn = row.mn + 16 * b;
+      for (size_t grp = 0; grp < 16; ++grp) {
+        // The pair lanes of group grp all hold its scale (8 pairs of 16 elements).
+        tile.scl[(static_cast<size_t>(b) * 16 + grp) * kTileW + r] =
+            row.scl[QK_K / 2 * b + 8 * grp];
+      }
+      for (size_t p = 0; p < 8; ++p) {
+        const uint32_t pair = static_cast<uint16_t>(mn[2 * p]) |
+                              (static_cast<uint32_t>(static_cast<uint16_t>(mn[2 * p + 1])) << 16);
+        tile.mn[(static_cast<size_t>(b) * 8 + p) * kTileW + r] = static_cast<int32_t>(pair);
+      }
+      tile.d[static_cast<size_t>(b) * kTileW + r] = row.d[b];
+      tile.dmin[static_cast<size_t>(b) * kTileW + r] = row.dmin[b];
+    }
+  }
+}
+
+// acc + per lane: a.lo * b.lo + a.hi * b.hi of the int16 halves.
+HWY_INLINE VI PairDot(VI acc, VI a, VI b) {
+  const hn::Repartition<int16_t, DI> d16;
+#if HWY_ARCH_X86
+  VI unused = hn::Zero(DI());
+  return hn::ReorderWidenMulAccumulate(DI(), hn::BitCast(d16, a), hn::BitCast(d16, b), acc, unused);
+#else
+  return qd::MulAddPairs(hn::BitCast(d16, a), hn::BitCast(d16, b), acc);
+#endif
+}
+
+// One staged K tile against RA Q8_K activation rows from row r0 (see TileDot32).
+template <int kGroup, int RA>
+HWY_INLINE void TileDotK(const TileK& tile, const uint8_t* acts, size_t act_stride, int64_t r0,
+                         int64_t nbk, float* y0, int64_t y_stride) {
+  const DI di;
+  const DFT df;
+  VFT facc[RA];
+  for (int j = 0; j < RA; ++j) facc[j] = hn::Zero(df);
+  for (int64_t b = 0; b < nbk; ++b) {
+    const BlockQ8_K* ab[RA];
+    VI iacc[RA];
+    for (int j = 0; j < RA; ++j) {
+      ab[j] = reinterpret_cast<const BlockQ8_K*>(acts + (r0 + j) * act_stride) + b;
+      iacc[j] = hn::Zero(di);
+    }
+    const uint8_t* ub = tile.u + static_cast<size_t>(b) * 64 * kTileW * 4;
+    for (int e0 = 0; e0 < QK_K; e0 += kGroup) {
+      VI isum[RA];
+      for (int j = 0; j < RA; ++j) isum[j] = hn::Zero(di);
+      for (int e = e0; e < e0 + kGroup; e += 4) {
+        const VB uv = hn::BitCast(DB(), hn::LoadU(DUB(), ub + e * kTileW));
+        for (int j = 0; j < RA; ++j) isum[j] = Dot4(isum[j], ab[j]->qs + e, uv);
+      }
+      const VI sv = hn::LoadU(di, tile.scl + (static_cast<size_t>(b) * 16 + e0 / 16) * kTileW);
+      for (int j = 0; j < RA; ++j) iacc[j] = hn::Add(iacc[j], hn::Mul(isum[j], sv));
+    }
+    VI imin[RA];
+    for (int j = 0; j < RA; ++j) imin[j] = hn::Zero(di);
+    for (int p = 0; p < 8; ++p) {
+      const VI mv = hn::LoadU(di, tile.mn + (static_cast<size_t>(b) * 8 + p) * kTileW);
+      for (int j = 0; j < RA; ++j) {
+        int32_t bs;
+        std::memcpy(&bs, ab[j]->bsums + 2 * p, 4);
+        imin[j] = PairDot(imin[j], mv, hn::Set(di, bs));
+      }
+    }
+    const VFT dw = hn::LoadU(df, tile.d + static_cast<size_t>(b) * kTileW);
+    const VFT dm = hn::LoadU(df, tile.dmin + static_cast<size_t>(b) * kTileW);
+    for (int j = 0; j < RA; ++j) {
+      facc[j] = hn::MulAdd(hn::ConvertTo(df, iacc[j]), hn::Mul(dw, hn::Set(df, ab[j]->d)), facc[j]);
+      facc[j] =
+          hn::MulAdd(hn::ConvertTo(df, imin[j]), hn::Mul(dm, hn::Set(df, -ab[j]->d)), facc[j]);
+    }
+  }
+  for (int j = 0; j < RA; ++j) hn::StoreU(facc[j], df, y0 + (r0 + j) * y_stride);
+}
+
+// ---------------------------------------------------------------- activation groups
+
+// Activation rows per pass: as many accumulators as the register file holds.
 constexpr int kTileA = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
 
-// All activation rows against one staged tile, kTileA at a time and then the rest.
-template <bool kMin>
-HWY_INLINE void TileDotAll(const Tile32& tile, const Acts32& acts, int64_t n_act, int64_t nb,
-                           float* y0, int64_t y_stride) {
+// Calls tile(std::integral_constant<int, RA>(), r) for the groups of rows [r, r + RA) that
+// cover [0, n_act): kTileA rows at a time, then the rest in one group.
+template <class Tile>
+HWY_INLINE void ForActGroups(int64_t n_act, const Tile& tile) {
   int64_t r = 0;
-  for (; r + kTileA <= n_act; r += kTileA) TileDot32<kMin, kTileA>(tile, acts, r, nb, y0, y_stride);
-  const auto tail = [&](auto ra) HWY_ATTR {
-    TileDot32<kMin, decltype(ra)::value>(tile, acts, r, nb, y0, y_stride);
-  };
+  for (; r + kTileA <= n_act; r += kTileA) tile(std::integral_constant<int, kTileA>(), r);
   switch (n_act - r) {
     case 7:
-      return tail(std::integral_constant<int, 7>());
+      return tile(std::integral_constant<int, 7>(), r);
     case 6:
-      return tail(std::integral_constant<int, 6>());
+      return tile(std::integral_constant<int, 6>(), r);
     case 5:
-      return tail(std::integral_constant<int, 5>());
+      return tile(std::integral_constant<int, 5>(), r);
     case 4:
-      return tail(std::integral_constant<int, 4>());
+      return tile(std::integral_constant<int, 4>(), r);
     case 3:
-      return tail(std::integral_constant<int, 3>());
+      return tile(std::integral_constant<int, 3>(), r);
     case 2:
-      return tail(std::integral_constant<int, 2>());
+      return tile(std::integral_constant<int, 2>(), r);
     case 1:
-      return tail(std::integral_constant<int, 1>());
+      return tile(std::integral_constant<int, 1>(), r);
     default:
       return;
   }
