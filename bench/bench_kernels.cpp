@@ -3,11 +3,18 @@
 // bandwidth baseline BM_ReadSum / BM_Memcpy on the same machine.
 //
 //   ./bench_kernels --benchmark_filter='Matvec/Q4_K'
+//   TANDEM_BENCH_TARGET=AVX2 ./bench_kernels ...   (one of the compiled Highway targets that this
+//                                                    CPU supports, instead of the best one)
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "hwy/targets.h"
 
 #include "kernels/kernels.h"
 
@@ -203,4 +210,25 @@ BENCHMARK(QuantizeActivation)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  if (const char* want = std::getenv("TANDEM_BENCH_TARGET")) {
+    bool found = false;
+    for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
+      if (want == std::string(hwy::TargetName(t))) {
+        hwy::SetSupportedTargetsForTest(t);
+        found = true;
+      }
+    }
+    if (!found) {
+      std::fprintf(stderr, "TANDEM_BENCH_TARGET=%s: not a compiled target this CPU supports\n",
+                   want);
+      return 2;
+    }
+  }
+  benchmark::AddCustomContext("simd_target", k::simd_target_name());
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

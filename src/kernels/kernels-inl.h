@@ -89,7 +89,7 @@ struct Scratch {
 #if HWY_TARGET != HWY_SCALAR
   std::vector<float> act_scales;  // f32 scales of 32-element activation blocks
   std::vector<qd::ActScales32> act_rows;
-  std::vector<uint8_t> stage_u;  // one decoded weight row (unsigned 32-element types)
+  std::vector<uint8_t> stage_u;  // one decoded K-quant weight row (qd::StagedRowK)
   std::vector<float> stage_f;
   std::vector<int16_t> stage_i16;
   std::vector<uint8_t> tile;      // one staged weight tile (tile_dot-inl.h)
@@ -210,20 +210,20 @@ int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_b
 }
 
 // Rows [row_begin, row_end) of a quantized weight matrix against n_act quantized activation
-// rows. Activation rows are taken in panels that stay in L2 while every weight row of the range
-// streams past once per panel. In a panel of at least kStageMinRows rows (prefill), each weight
-// row is first decoded into a staging row (all types but Q8_0, whose decoding is one load);
-// otherwise (decode) qd::DotRow decodes each weight block in registers once per tile.
+// rows. With at least kTiledMinActs activation rows (prefill), whole tiles of weight rows take
+// the tiled kernels of tile_dot-inl.h (all types there but Q8_0 without VNNI). The rest (decode,
+// small batches, the last rows short of a tile) goes through qd::DotRow, which decodes each
+// weight block in registers once per kTileRows activation rows; the activation rows are then
+// taken in panels that stay in L2 while every weight row of the range streams past once per
+// panel.
 template <TensorType T>
 void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin, int64_t row_end,
                  const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
                  int64_t y_stride) {
   constexpr bool kBlock32 = qd::IsBlock32(T);
-  constexpr bool kStaged32 = kBlock32 && T != TensorType::Q8_0;
-  constexpr bool kMin = T == TensorType::Q4_1 || T == TensorType::Q5_1;
-  constexpr int64_t kStageMinRows = 8;
+  constexpr int64_t kTiledMinActs = 8;
   if constexpr (td::UsesTiles(T)) {
-    if (n_act >= kStageMinRows) {
+    if (n_act >= kTiledMinActs) {
       if constexpr (kBlock32) {
         row_begin = MatmulTiled32<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,
                                      y_stride);
@@ -237,11 +237,11 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
   const int64_t panel = std::max<int64_t>(
       kTileRows, static_cast<int64_t>(kActPanelBytes / std::max<size_t>(act_stride, 1)) /
                      kTileRows * kTileRows);
-  Scratch& scratch = GetScratch();
   // 32-element types: the activation rows' f32 block scales, once per call.
-  const int64_t nb = k / 32;
   qd::ActScales32* scales = nullptr;
   if constexpr (kBlock32) {
+    Scratch& scratch = GetScratch();
+    const int64_t nb = k / 32;
     float* buf = Grow(scratch.act_scales, static_cast<size_t>(2 * n_act * nb));
     scales = Grow(scratch.act_rows, static_cast<size_t>(n_act));
     for (int64_t r = 0; r < n_act; ++r) {
@@ -250,46 +250,10 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
       scales[r] = {d, d + nb};
     }
   }
-  const int64_t nbk = k / QK_K;
-  qd::StagedRow32 staged{};
-  qd::StagedRowK staged_k{};
-  if constexpr (kStaged32) {
-    staged.u = Grow(scratch.stage_u, static_cast<size_t>(k));
-    float* f = Grow(scratch.stage_f, static_cast<size_t>(2 * nb));
-    staged.d = f;
-    staged.c = f + nb;
-  } else if constexpr (!kBlock32) {
-    staged_k.u = Grow(scratch.stage_u, static_cast<size_t>(k));
-    staged_k.scl = Grow(scratch.stage_i16, static_cast<size_t>(k / 2 + nbk * 16));
-    staged_k.mn = staged_k.scl + k / 2;
-    float* f = Grow(scratch.stage_f, static_cast<size_t>(2 * nbk));
-    staged_k.d = f;
-    staged_k.dmin = f + nbk;
-  }
   for (int64_t p0 = 0; p0 < n_act; p0 += panel) {
     const int64_t p1 = std::min(n_act, p0 + panel);
-    const bool stage = p1 - p0 >= kStageMinRows;
     for (int64_t i = row_begin; i < row_end; ++i) {
       const uint8_t* wr = w + i * w_stride;
-      if constexpr (kStaged32) {
-        if (stage) {
-          qd::StageRow32<T>(wr, nb, staged);
-          const auto dot = [&](auto ra, const uint8_t* const* a, int64_t r, float* out) HWY_ATTR {
-            qd::DotRowStaged32<kMin, decltype(ra)::value>(staged, a, scales + r, nb, out);
-          };
-          RunTiles(dot, acts, act_stride, p0, p1, y, y_stride, i);
-          continue;
-        }
-      } else if constexpr (!kBlock32) {
-        if (stage) {
-          qd::StageRowK<T>(wr, nbk, staged_k);
-          const auto dot = [&](auto ra, const uint8_t* const* a, int64_t, float* out) HWY_ATTR {
-            qd::DotRowStagedK<decltype(ra)::value>(staged_k, a, nbk, out);
-          };
-          RunTiles(dot, acts, act_stride, p0, p1, y, y_stride, i);
-          continue;
-        }
-      }
       const auto dot = [&](auto ra, const uint8_t* const* a, int64_t r, float* out) HWY_ATTR {
         qd::DotRow<T, decltype(ra)::value>(wr, a, kBlock32 ? scales + r : nullptr, k, out);
       };

@@ -21,9 +21,8 @@
 // integer sums per block are therefore exactly ggml's; only the f32 accumulation order differs.
 //
 // One call of DotRow computes one weight row against RA activation rows (RA = 1 for decode, up to
-// 4 for prefill): each weight block is decoded once and used RA times. In prefill the driver
-// instead decodes each weight row once per activation panel into a staging row (StageRow32 /
-// StageRowK) and runs DotRowStaged32 / DotRowStagedK over it (all types but Q8_0).
+// 4 for small batches): each weight block is decoded once and used RA times. Prefill takes the
+// tiled kernels of tile_dot-inl.h instead, which stage K-quant rows through StageRowK.
 
 #if defined(TANDEM_QUANT_DOT_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TANDEM_QUANT_DOT_INL_H_
@@ -636,79 +635,7 @@ HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, f
   for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r]));
 }
 
-// ---- prefill of unsigned 32-element types: the weight row decoded once per activation panel
-
-// One weight row of Q4_0/Q4_1/Q5_0/Q5_1 decoded: u (32 bytes per block), d and the coefficient c
-// of d_a * sum(a) per block (see the comment above IsBlock32).
-struct StagedRow32 {
-  uint8_t* u;  // [nb * 32]
-  float* d;    // [nb]
-  float* c;    // [nb]
-};
-
-template <TensorType T>
-HWY_INLINE void StageRow32(const uint8_t* w, int64_t nb, const StagedRow32& st) {
-  using B = BlockOf<T>;
-  const DU8 du8;
-  const B* wb = reinterpret_cast<const B*>(w);
-  for (int64_t b = 0; b < nb; ++b) {
-    V8 wq[kPer32];
-    Decode32<T>(wb[b], wq);
-    for (size_t j = 0; j < kPer32; ++j)
-      hn::StoreU(hn::BitCast(du8, wq[j]), du8, st.u + 32 * b + j * kN);
-    st.d[b] = HalfToFloat(wb[b].d);
-    if constexpr (T == TensorType::Q4_1 || T == TensorType::Q5_1) {
-      st.c[b] = HalfToFloat(wb[b].m);
-    } else {
-      st.c[b] = -static_cast<float>(OffsetOf(T)) * st.d[b];
-    }
-  }
-}
-
-// As DotRow32 for a staged unsigned row: the weight bytes are plain loads, so no decoding work is
-// repeated per activation tile. kMin: Q8_1 activations (Q4_1/Q5_1), else Q8_0.
-template <bool kMin, int RA>
-HWY_INLINE void DotRowStaged32(const StagedRow32& w, const uint8_t* const* a, const ActScales32* as,
-                               int64_t nb, float* out) {
-  const D8 d8;
-  const DU8 du8;
-  const D16 d16;
-  const D32 d32;
-  const DF df;
-  const DF4 df4;
-  const auto ones = hn::Set(d16, 1);
-  VF facc[RA];
-  for (int r = 0; r < RA; ++r) facc[r] = hn::Zero(df);
-  const auto block_sum = [&](int r, int64_t b) HWY_ATTR {
-    const int8_t* aq = ActQs<kMin>(a[r], b);
-    V32 isum = hn::Zero(d32);
-    for (size_t j = 0; j < kPer32; ++j)
-      isum = MulAddPairs(
-          MulPairs(hn::LoadU(du8, w.u + 32 * b + j * kN), hn::LoadU(d8, aq + j * kN)), ones, isum);
-    return isum;
-  };
-  int64_t b = 0;
-  for (; b + 4 <= nb; b += 4) {
-    const VF dw = Dup4(hn::LoadU(df4, w.d + b));
-    const VF c = Low4(hn::LoadU(df4, w.c + b));
-    for (int r = 0; r < RA; ++r) {
-      const V32 isum = SumBlocks4(block_sum(r, b), block_sum(r, b + 1), block_sum(r, b + 2),
-                                  block_sum(r, b + 3));
-      facc[r] = AddBlocks4<true>(facc[r], isum, dw, c, as[r], b);
-    }
-  }
-  float extra[RA] = {};
-  for (; b < nb; ++b) {
-    for (int r = 0; r < RA; ++r) {
-      facc[r] =
-          hn::MulAdd(hn::ConvertTo(df, block_sum(r, b)), hn::Set(df, w.d[b] * as[r].d[b]), facc[r]);
-      extra[r] += w.c[b] * as[r].s[b];
-    }
-  }
-  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r])) + extra[r];
-}
-
-// ---- prefill of K-quants: the weight row decoded once per activation panel
+// ---- K-quant rows decoded once for the prefill tiles (tile_dot-inl.h)
 
 // One K-quant weight row decoded: unsigned values, the scale of every s16 pair lane, the 16 group
 // mins and the two f32 factors per super-block (see KScales).
@@ -741,39 +668,6 @@ HWY_INLINE void StageRowK(const uint8_t* w, int64_t nbk, const StagedRowK& st) {
     st.d[b] = s.d;
     st.dmin[b] = s.dmin;
   }
-}
-
-template <int RA>
-HWY_INLINE void DotRowStagedK(const StagedRowK& w, const uint8_t* const* a, int64_t nbk,
-                              float* out) {
-  const D8 d8;
-  const DU8 du8;
-  const D16 d16;
-  const D32 d32;
-  const DF df;
-  VF facc[RA];
-  for (int r = 0; r < RA; ++r) facc[r] = hn::Zero(df);
-  for (int64_t b = 0; b < nbk; ++b) {
-    const BlockQ8_K* ab[RA];
-    V32 iacc[RA];
-    for (int r = 0; r < RA; ++r) {
-      ab[r] = reinterpret_cast<const BlockQ8_K*>(a[r]) + b;
-      iacc[r] = hn::Zero(d32);
-    }
-    const uint8_t* u = w.u + QK_K * b;
-    const int16_t* scl = w.scl + (QK_K / 2) * b;
-    for (size_t e0 = 0; e0 < static_cast<size_t>(QK_K); e0 += kN) {
-      const VU8 v = hn::LoadU(du8, u + e0);
-      const V16 sc = hn::LoadU(d16, scl + e0 / 2);
-      for (int r = 0; r < RA; ++r)
-        iacc[r] = MulAddPairs(MulPairs(v, hn::LoadU(d8, ab[r]->qs + e0)), sc, iacc[r]);
-    }
-    V16 mins[kPer32];
-    for (size_t h = 0; h < kPer32; ++h) mins[h] = hn::LoadU(d16, w.mn + 16 * b + h * (kN / 2));
-    for (int r = 0; r < RA; ++r)
-      facc[r] = AddSuperBlock(facc[r], iacc[r], mins, *ab[r], w.d[b], w.dmin[b]);
-  }
-  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r]));
 }
 
 // ---------------------------------------------------------------- dispatch on the weight type

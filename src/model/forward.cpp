@@ -48,8 +48,9 @@ void Forward::matmul(const WeightView& w, const float* x, int n, float* y) {
     }
   }
   // Split the weight rows across threads; each thread streams its rows once for all n
-  // activation rows.
-  const int64_t grain = std::max<int64_t>(8, w.ne1 / (pool_.size() * 8));
+  // activation rows. Chunks are whole multiples of 16 rows, the widest weight-row tile of the
+  // prefill kernels, so that no thread is left a partial tile it could have shared.
+  const int64_t grain = std::max<int64_t>(16, (w.ne1 / (pool_.size() * 8) + 15) / 16 * 16);
   pool_.parallel_for(w.ne1, grain, [&](int64_t b, int64_t e) {
     kernels::matmul_rows(w.type, w.ne0, w.data, b, e, act, act_stride, n, y, w.ne1);
   });

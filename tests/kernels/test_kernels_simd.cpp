@@ -254,8 +254,9 @@ TEST_P(KernelsSimdVsRef, LargeTiles) {
 }
 
 // Every batch shape of the integer path: 1-3 activation rows (tiles of 1-3 rows, weights decoded
-// per tile), 4-7 (one 4-row tile plus a remainder), 8 and more (weight rows staged once per
-// activation panel); a row_begin > 0 and rows that end mid-way.
+// per tile), 4-7 (one 4-row tile plus a remainder), 8 and more (the tiled prefill kernels where
+// the 10 rows make a weight-row tile, i.e. below AVX-512); a row_begin > 0 and rows that end
+// mid-way.
 TEST_P(KernelsSimdVsRef, BatchShapes) {
   const TensorType wt = GetParam();
   std::mt19937 rng(4321 + static_cast<int>(wt));
