@@ -565,6 +565,128 @@ void AttentionValuesT(const float* weights, size_t weight_stride, int64_t n_q, c
   }
 }
 
+// ---- attention of many query rows at once (prefill): query rows along the lanes
+
+// Scratch of AttentionRowsT, per thread: queries transposed, then scores/probabilities.
+struct AttentionScratch {
+  std::vector<float> qt;  // [hd][L]
+  std::vector<float> st;  // [keys][L]
+};
+
+// st[j * L + lane] = scale * dot(query of lane, key j) for RK keys; qt: [hd][L].
+template <int RK, class DF>
+HWY_INLINE void ScoreLanes(DF df, const float* qt, int64_t hd, const float* k, size_t key_stride,
+                           float scale, float* st) {
+  const size_t L = hn::Lanes(df);
+  hn::Vec<DF> acc[RK];
+  for (int r = 0; r < RK; ++r) acc[r] = hn::Zero(df);
+  for (int64_t d = 0; d < hd; ++d) {
+    const auto qv = hn::LoadU(df, qt + d * L);
+    for (int r = 0; r < RK; ++r)
+      acc[r] = hn::MulAdd(qv, hn::Set(df, k[r * key_stride + d]), acc[r]);
+  }
+  const auto vs = hn::Set(df, scale);
+  for (int r = 0; r < RK; ++r) hn::StoreU(hn::Mul(acc[r], vs), df, st + r * L);
+}
+
+// out rows [g0, g0 + RG) of the lane group, columns [d, d + kCols * L): weights st[j * L + g].
+template <int RG, int kCols, class DF>
+HWY_INLINE void ValueLanes(DF df, const float* st, int64_t g0, const float* v, size_t value_stride,
+                           int64_t n_j, int64_t d, float* const* out) {
+  const size_t L = hn::Lanes(df);
+  hn::Vec<DF> acc[RG][kCols];
+  for (int g = 0; g < RG; ++g)
+    for (int c = 0; c < kCols; ++c) acc[g][c] = hn::Zero(df);
+  for (int64_t j = 0; j < n_j; ++j) {
+    hn::Vec<DF> vv[kCols];
+    for (int c = 0; c < kCols; ++c) vv[c] = hn::LoadU(df, v + j * value_stride + d + c * L);
+    for (int g = 0; g < RG; ++g) {
+      const auto w = hn::Set(df, st[j * L + g0 + g]);
+      for (int c = 0; c < kCols; ++c) acc[g][c] = hn::MulAdd(w, vv[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < RG; ++g)
+    for (int c = 0; c < kCols; ++c) hn::StoreU(acc[g][c], df, out[g0 + g] + d + c * L);
+}
+
+// Output rows [g0, g0 + RG) of a lane group: every column.
+template <int RG, class DF>
+HWY_INLINE void ValueLaneRows(DF df, const float* st, int64_t g0, const float* v,
+                              size_t value_stride, int64_t n_j, int64_t hdv, float* const* out) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  int64_t d = 0;
+  for (; d + 2 * L <= hdv; d += 2 * L) ValueLanes<RG, 2>(df, st, g0, v, value_stride, n_j, d, out);
+  for (; d + L <= hdv; d += L) ValueLanes<RG, 1>(df, st, g0, v, value_stride, n_j, d, out);
+  for (; d < hdv; ++d)
+    for (int g = 0; g < RG; ++g) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < n_j; ++j) acc += st[j * L + g0 + g] * v[j * value_stride + d];
+      out[g0 + g][d] = acc;
+    }
+}
+
+void AttentionRowsT(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
+                    const int32_t* hi, const float* keys, size_t key_stride, const float* values,
+                    size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap) {
+  const hn::CappedTag<float, 16> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  static thread_local AttentionScratch scratch;
+  for (int64_t a0 = 0; a0 < n_q; a0 += L) {
+    const int64_t na = std::min(L, n_q - a0);
+    // The lane group's keys: the union of its rows' ranges. Lanes past the last row repeat it.
+    alignas(64) int32_t lo_l[16], hi_l[16];
+    for (int64_t a = 0; a < L; ++a) {
+      lo_l[a] = lo[a0 + std::min(a, na - 1)];
+      hi_l[a] = hi[a0 + std::min(a, na - 1)];
+    }
+    const int32_t j0 = *std::min_element(lo_l, lo_l + L);
+    const int32_t j1 = *std::max_element(hi_l, hi_l + L);
+    const int64_t n_j = j1 - j0;
+    float* qt = Grow(scratch.qt, static_cast<size_t>(hd * L));
+    for (int64_t a = 0; a < L; ++a) {
+      const float* qa = q[a0 + std::min(a, na - 1)];
+      for (int64_t d = 0; d < hd; ++d) qt[d * L + a] = qa[d];
+    }
+    float* st = Grow(scratch.st, static_cast<size_t>(n_j * L));
+    const float* k0 = keys + static_cast<size_t>(j0) * key_stride;
+    int64_t j = 0;
+    for (; j + 8 <= n_j; j += 8)
+      ScoreLanes<8>(df, qt, hd, k0 + j * key_stride, key_stride, scale, st + j * L);
+    for (; j < n_j; ++j)
+      ScoreLanes<1>(df, qt, hd, k0 + j * key_stride, key_stride, scale, st + j * L);
+    if (softcap > 0) {
+      for (int64_t e = 0; e < n_j * L; ++e) st[e] = softcap * std::tanh(st[e] / softcap);
+    }
+    // Softmax of every lane over its own keys; keys outside them get probability 0.
+    // lo <= j < hi as lo - 1 < j < hi (Highway 1.0 has no signed >=).
+    const auto vlo1 = hn::Sub(hn::Load(di, lo_l), hn::Set(di, 1)), vhi = hn::Load(di, hi_l);
+    const auto visible = [&](int64_t jj) HWY_ATTR {
+      const auto vj = hn::Set(di, static_cast<int32_t>(j0 + jj));
+      return hn::RebindMask(df, hn::And(hn::Lt(vlo1, vj), hn::Lt(vj, vhi)));
+    };
+    auto vmax = hn::Set(df, -INFINITY);
+    for (int64_t jj = 0; jj < n_j; ++jj)
+      vmax = hn::Max(vmax, hn::IfThenElse(visible(jj), hn::LoadU(df, st + jj * L), vmax));
+    auto vsum = hn::Zero(df);
+    for (int64_t jj = 0; jj < n_j; ++jj) {
+      const auto e =
+          hn::IfThenElseZero(visible(jj), hn::Exp(df, hn::Sub(hn::LoadU(df, st + jj * L), vmax)));
+      hn::StoreU(e, df, st + jj * L);
+      vsum = hn::Add(vsum, e);
+    }
+    const auto inv = hn::Div(hn::Set(df, 1.0f), vsum);
+    for (int64_t jj = 0; jj < n_j; ++jj)
+      hn::StoreU(hn::Mul(hn::LoadU(df, st + jj * L), inv), df, st + jj * L);
+    // Weighted values, four output rows at a time.
+    const float* v0 = values + static_cast<size_t>(j0) * value_stride;
+    float* const* o = out + a0;
+    int64_t g = 0;
+    for (; g + 4 <= na; g += 4) ValueLaneRows<4>(df, st, g, v0, value_stride, n_j, hdv, o);
+    for (; g < na; ++g) ValueLaneRows<1>(df, st, g, v0, value_stride, n_j, hdv, o);
+  }
+}
+
 // out = gelu(gate) * up with ggml's f16 table GELU, as ref::geglu: the f32 -> f16 index and
 // the f16 -> f32 result are vector conversions (exact / round to nearest even, as the
 // reference's), only the table lookups are scalar. Only where f32 -> f16 is a hardware

@@ -26,6 +26,7 @@ HWY_EXPORT(AttentionScoresT);
 HWY_EXPORT(AttentionValuesT);
 HWY_EXPORT(RmsNormT);
 HWY_EXPORT(TargetNameT);
+HWY_EXPORT(AttentionRowsT);
 
 bool is_supported_weight_type(TensorType type) {
   switch (type) {
@@ -145,6 +146,18 @@ void attention_values(const float* weights, size_t weight_stride, int64_t n_q, c
                       size_t out_stride) {
   HWY_DYNAMIC_DISPATCH(AttentionValuesT)
   (weights, weight_stride, n_q, values, value_stride, n_k, hdv, out, out_stride);
+}
+void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
+                    const int32_t* hi, const float* keys, size_t key_stride, const float* values,
+                    size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap) {
+  for (int64_t a = 0; a < n_q; ++a) {
+    if (lo[a] < 0 || hi[a] <= lo[a])
+      throw std::invalid_argument("attention_rows: row " + std::to_string(a) + " sees keys [" +
+                                  std::to_string(lo[a]) + ", " + std::to_string(hi[a]) +
+                                  "), expected 0 <= lo < hi");
+  }
+  HWY_DYNAMIC_DISPATCH(AttentionRowsT)
+  (q, out, n_q, lo, hi, keys, key_stride, values, value_stride, hd, hdv, scale, softcap);
 }
 
 float f16_to_f32(uint16_t h) {

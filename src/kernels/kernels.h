@@ -69,6 +69,16 @@ void attention_scores(const float* queries, int64_t n_q, const float* keys, size
 void attention_values(const float* weights, size_t weight_stride, int64_t n_q, const float* values,
                       size_t value_stride, int64_t n_k, int64_t hdv, float* out, size_t out_stride);
 
+// Attention of n_q query rows over one run of cached keys/values (prefill: the query heads of
+// several tokens that share a KV head). Row a sees the keys [lo[a], hi[a]) of the run
+// (0 <= lo < hi): out[a] = sum_j p[a][j] * values[j] with p[a] = softmax over those keys of
+// s = scale * dot(q[a], keys[j]), taken through softcap * tanh(s / softcap) first when
+// softcap > 0. q[a] / out[a] point at hd / hdv floats; key and value rows are key_stride /
+// value_stride floats apart. Throws std::invalid_argument on an empty or negative range.
+void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
+                    const int32_t* hi, const float* keys, size_t key_stride, const float* values,
+                    size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap);
+
 // Half-precision conversions (IEEE binary16 and bfloat16), bit-exact with ggml.
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/quant_blocks.h"
 
@@ -602,6 +603,25 @@ void attention_values(const float* weights, size_t weight_stride, int64_t n_q, c
     std::fill(o, o + hdv, 0.0f);
     for (int64_t j = 0; j < n_k; ++j)
       axpy(weights[q * weight_stride + j], values + j * value_stride, o, hdv);
+  }
+}
+
+void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
+                    const int32_t* hi, const float* keys, size_t key_stride, const float* values,
+                    size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap) {
+  std::vector<float> p;
+  for (int64_t a = 0; a < n_q; ++a) {
+    const int64_t n = hi[a] - lo[a];
+    p.resize(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) {
+      float s = scale * dot_f32(q[a], keys + (lo[a] + j) * key_stride, hd);
+      if (softcap > 0) s = softcap * std::tanh(s / softcap);
+      p[static_cast<size_t>(j)] = s;
+    }
+    softmax(p.data(), n);
+    std::fill(out[a], out[a] + hdv, 0.0f);
+    for (int64_t j = 0; j < n; ++j)
+      axpy(p[static_cast<size_t>(j)], values + (lo[a] + j) * value_stride, out[a], hdv);
   }
 }
 

@@ -43,5 +43,8 @@ void attention_scores(const float* queries, int64_t n_q, const float* keys, size
                       int64_t n_k, int64_t hd, float scale, float* scores, size_t score_stride);
 void attention_values(const float* weights, size_t weight_stride, int64_t n_q, const float* values,
                       size_t value_stride, int64_t n_k, int64_t hdv, float* out, size_t out_stride);
+void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
+                    const int32_t* hi, const float* keys, size_t key_stride, const float* values,
+                    size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap);
 
 }  // namespace tandem::kernels::ref

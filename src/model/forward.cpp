@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "common/error.h"
 #include "common/thread_pool.h"
@@ -131,8 +132,10 @@ void Forward::rope(float* x, int n_heads, int pos, bool swa_layer) {
 
 // Causal attention of every batch token over its sequence's cached keys/values.
 // q_: [n][n_head][head_dim] -> attn_: [n][n_head][head_dim_v].
-// One job per (token, KV head): the query heads that share a KV head (GQA) are processed together
-// so each cached key and value row is read once per step.
+// The batch is cut into runs of consecutive tokens of one sequence at consecutive positions
+// (prefill). One job per (run, KV head): all query heads of the run that share the KV head (GQA)
+// go through kernels::attention_rows together, which reads each cached key and value row once
+// for all of them. A run of one token (decode) takes the per-token kernels.
 void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& cache) {
   const int n = static_cast<int>(batch.size());
   const int n_head = c_.n_head, n_kv = c_.n_head_kv, hd = c_.head_dim, hdv = c_.head_dim_v;
@@ -140,21 +143,59 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
   const bool swa = c_.layer_is_swa[layer] && c_.sliding_window > 0;
   const int window = c_.sliding_window;
   const int n_ctx = cache.n_ctx();
+  const int kv_stride = cache.kv_dim(), v_stride = cache.v_dim();
+  // A key at position p0 is visible to a query at p1 iff p0 <= p1 and, on sliding-window layers,
+  // p1 - p0 < window.
+  const auto first_key = [&](int pos) { return swa ? std::max(0, pos - window + 1) : 0; };
+  // Tokens per run: enough query rows to fill 16 lanes a whole number of times.
+  const int run_max = 16 / std::gcd(16, group);
+  runs_.clear();
+  for (int i = 0; i < n;) {
+    int e = i + 1;
+    while (e < n && e - i < run_max && batch[e].seq == batch[i].seq &&
+           batch[e].pos == batch[e - 1].pos + 1)
+      ++e;
+    runs_.push_back({i, e - i});
+    i = e;
+  }
+  const int n_runs = static_cast<int>(runs_.size());
   scores_.resize(static_cast<size_t>(pool_.size()) * group * n_ctx);
   pool_.run([&](int t, int n_threads) {
     float* scores = scores_.data() + static_cast<size_t>(t) * group * n_ctx;  // [group][n_ctx]
-    for (int job = t; job < n * n_kv; job += n_threads) {
-      const int i = job / n_kv, kvh = job % n_kv;
-      const BatchToken& bt = batch[i];
-      const float* q0 = q_.data() + (static_cast<size_t>(i) * n_head + kvh * group) * hd;
+    std::vector<const float*> q_rows;
+    std::vector<float*> out_rows;
+    std::vector<int32_t> lo, hi;
+    for (int job = t; job < n_runs * n_kv; job += n_threads) {
+      const auto [i0, len] = runs_[job / n_kv];
+      const int kvh = job % n_kv;
+      const BatchToken& bt = batch[i0];
       const float* keys = cache.keys(layer, bt.seq) + static_cast<size_t>(kvh) * hd;
       const float* vals = cache.values(layer, bt.seq) + static_cast<size_t>(kvh) * hdv;
-      const int kv_stride = cache.kv_dim(), v_stride = cache.v_dim();
-      // A key at position p0 is visible to a query at p1 iff p0 <= p1 and, on sliding-window
-      // layers, p1 - p0 < window.
-      const int first = swa ? std::max(0, bt.pos - window + 1) : 0;
-      const int count = bt.pos - first + 1;
-      const float* keys0 = keys + static_cast<size_t>(first) * kv_stride;
+      const int j0 = first_key(bt.pos);  // the run's first visible key
+      const float* keys0 = keys + static_cast<size_t>(j0) * kv_stride;
+      const float* vals0 = vals + static_cast<size_t>(j0) * v_stride;
+      const size_t head0 = static_cast<size_t>(kvh) * group;
+      if (len > 1) {
+        q_rows.clear();
+        out_rows.clear();
+        lo.clear();
+        hi.clear();
+        for (int i = i0; i < i0 + len; ++i) {
+          for (int g = 0; g < group; ++g) {
+            const size_t head = static_cast<size_t>(i) * n_head + head0 + g;
+            q_rows.push_back(q_.data() + head * hd);
+            out_rows.push_back(attn_.data() + head * hdv);
+            lo.push_back(first_key(batch[i].pos) - j0);
+            hi.push_back(batch[i].pos - j0 + 1);
+          }
+        }
+        kernels::attention_rows(q_rows.data(), out_rows.data(), len * group, lo.data(), hi.data(),
+                                keys0, kv_stride, vals0, v_stride, hd, hdv, c_.kq_scale,
+                                c_.attn_logit_softcap);
+        continue;
+      }
+      const float* q0 = q_.data() + (static_cast<size_t>(i0) * n_head + head0) * hd;
+      const int count = bt.pos - j0 + 1;
       kernels::attention_scores(q0, group, keys0, kv_stride, count, hd, c_.kq_scale, scores, n_ctx);
       for (int g = 0; g < group; ++g) {
         float* sg = scores + static_cast<size_t>(g) * n_ctx;
@@ -164,9 +205,8 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
         }
         kernels::softmax(sg, count);
       }
-      float* out = attn_.data() + (static_cast<size_t>(i) * n_head + kvh * group) * hdv;
-      kernels::attention_values(scores, n_ctx, group, vals + static_cast<size_t>(first) * v_stride,
-                                v_stride, count, hdv, out, hdv);
+      float* out = attn_.data() + (static_cast<size_t>(i0) * n_head + head0) * hdv;
+      kernels::attention_values(scores, n_ctx, group, vals0, v_stride, count, hdv, out, hdv);
     }
   });
 }

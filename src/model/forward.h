@@ -67,7 +67,11 @@ class Forward {
   std::vector<float> up_;      // [n][n_ff]
   std::vector<uint8_t> act_;   // quantized activations, [n][row bytes]
   std::vector<float> scores_;  // [threads][n_ctx] attention scores
-  std::vector<float> row_;     // [n_embd] dequantized embedding row
+  struct TokenRun {
+    int begin, length;
+  };
+  std::vector<TokenRun> runs_;  // attention: runs of consecutive tokens of one sequence
+  std::vector<float> row_;      // [n_embd] dequantized embedding row
 };
 
 }  // namespace tandem

@@ -1,9 +1,11 @@
 // SIMD kernels against the scalar reference, on every SIMD target compiled in.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -474,6 +476,62 @@ TEST(KernelsSimdAttention, ScoresAndValuesMatchReference) {
       }
     }
   }
+}
+
+// Prefill attention over many query rows: causal and sliding-window key ranges (rows of one
+// token share a range, as the query heads of one KV head do), lane groups cut mid-token, a last
+// group shorter than the vector, head sizes that are not a multiple of it, and the softcap.
+TEST(KernelsSimdAttention, RowsMatchReference) {
+  std::mt19937 rng(93);
+  for (int64_t hd : {64, 256, 20}) {
+    for (int group : {1, 4, 7}) {
+      for (int window : {0, 5}) {
+        for (float softcap : {0.0f, 20.0f}) {
+          const int tokens = 5, pos0 = 9;  // tokens at positions 9..13
+          const int64_t n_q = tokens * group, n_k = pos0 + tokens;
+          const int64_t hdv = hd + (hd == 20 ? 4 : 0);
+          SCOPED_TRACE("hd=" + std::to_string(hd) + " group=" + std::to_string(group) +
+                       " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap));
+          const size_t kstride = static_cast<size_t>(hd) + 3,
+                       vstride = static_cast<size_t>(hdv) + 1;
+          const auto q = RandomFloats(rng, static_cast<size_t>(n_q * hd), 2.0f);
+          const auto keys = RandomFloats(rng, static_cast<size_t>(n_k) * kstride);
+          const auto vals = RandomFloats(rng, static_cast<size_t>(n_k) * vstride);
+          std::vector<const float*> qr;
+          std::vector<int32_t> lo, hi;
+          for (int t = 0; t < tokens; ++t)
+            for (int g = 0; g < group; ++g) {
+              const int pos = pos0 + t;
+              qr.push_back(q.data() + (t * group + g) * hd);
+              lo.push_back(window > 0 ? std::max(0, pos - window + 1) : 0);
+              hi.push_back(pos + 1);
+            }
+          const size_t ostride = static_cast<size_t>(hdv) + 2;
+          std::vector<float> o_ref(static_cast<size_t>(n_q) * ostride, -9.0f);
+          std::vector<float*> orr;
+          for (int64_t a = 0; a < n_q; ++a) orr.push_back(o_ref.data() + a * ostride);
+          ref::attention_rows(qr.data(), orr.data(), n_q, lo.data(), hi.data(), keys.data(),
+                              kstride, vals.data(), vstride, hd, hdv, 0.1f, softcap);
+          ForEachTarget([&](const char* target) {
+            std::vector<float> o(o_ref.size(), -9.0f);
+            std::vector<float*> orows;
+            for (int64_t a = 0; a < n_q; ++a) orows.push_back(o.data() + a * ostride);
+            attention_rows(qr.data(), orows.data(), n_q, lo.data(), hi.data(), keys.data(), kstride,
+                           vals.data(), vstride, hd, hdv, 0.1f, softcap);
+            for (size_t i = 0; i < o.size(); ++i)
+              EXPECT_NEAR(o[i], o_ref[i], 2e-5) << target << " " << i;
+          });
+        }
+      }
+    }
+  }
+  const float x = 0;
+  const float* qp = &x;
+  float y = 0;
+  float* op = &y;
+  const int32_t lo = 3, hi = 3;
+  EXPECT_THROW(attention_rows(&qp, &op, 1, &lo, &hi, &x, 1, &x, 1, 1, 1, 1.0f, 0.0f),
+               std::invalid_argument);
 }
 
 // The SIMD GELU-table gate matches the reference bit for bit on every target, over the whole
