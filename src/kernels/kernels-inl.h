@@ -170,12 +170,13 @@ int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_
   int32_t* corr = Grow(scratch.act_corr, static_cast<size_t>(n_act * nb));
   td::PrepareActs32<T>(acts, act_stride, n_act, nb, d, s, corr);
   const td::Acts32 a{acts, act_stride, d, s, corr};
-  const td::Tile32 tile = td::TileIn(Grow(scratch.tile, td::TileBytes(nb)), nb);
+  constexpr bool kSign = td::kSignedTile<T>;
+  const td::Tile32 tile = td::TileIn(Grow(scratch.tile, td::TileBytes(nb, kSign)), nb, kSign);
   for (int64_t t = 0; t < n_tiles; ++t) {
     const int64_t i0 = row_begin + t * kW;
     td::StageTile32<T>(w + i0 * w_stride, w_stride, nb, tile);
     td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
-      td::TileDot32<kMin, decltype(ra)::value>(tile, a, r, nb, y + i0, y_stride);
+      td::TileDot32<kMin, kSign, decltype(ra)::value>(tile, a, r, nb, y + i0, y_stride);
     });
   }
   return row_begin + n_tiles * kW;
@@ -211,7 +212,7 @@ int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_b
 
 // Rows [row_begin, row_end) of a quantized weight matrix against n_act quantized activation
 // rows. With at least kTiledMinActs activation rows (prefill), whole tiles of weight rows take
-// the tiled kernels of tile_dot-inl.h (all types there but Q8_0 without VNNI). The rest (decode,
+// the tiled kernels of tile_dot-inl.h. The rest (decode,
 // small batches, the last rows short of a tile) goes through qd::DotRow, which decodes each
 // weight block in registers once per kTileRows activation rows; the activation rows are then
 // taken in panels that stay in L2 while every weight row of the range streams past once per
@@ -222,7 +223,7 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
                  int64_t y_stride) {
   constexpr bool kBlock32 = qd::IsBlock32(T);
   constexpr int64_t kTiledMinActs = 8;
-  if constexpr (td::UsesTiles(T)) {
+  {
     if (n_act >= kTiledMinActs) {
       if constexpr (kBlock32) {
         row_begin = MatmulTiled32<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,

@@ -149,6 +149,13 @@ HWY_INLINE void Nibbles32(const uint8_t* qs, VU8* out) {
 }
 
 // Lane i: 0x10 when bit e0 + i of qh is set (the fifth bit of Q5_0/Q5_1), else 0.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// AVX-512: the bits are a byte mask as they stand (one masked broadcast).
+HWY_INLINE VU8 FifthBits(uint32_t qh, size_t e0) {
+  static_assert(kN == 32, "one 256-bit vector per 32-element block");
+  return VU8{_mm256_maskz_set1_epi8(static_cast<__mmask32>(qh >> e0), 0x10)};
+}
+#else
 HWY_INLINE VU8 FifthBits(uint32_t qh, size_t e0) {
   alignas(32) static constexpr uint8_t kByte[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
@@ -162,6 +169,7 @@ HWY_INLINE VU8 FifthBits(uint32_t qh, size_t e0) {
       hn::TableLookupBytes(hn::BitCast(du, hn::Set(du32, qh)), hn::LoadU(du, kByte + e0));
   return hn::IfThenElseZero(hn::TestBit(bytes, hn::LoadU(du, kBit + e0)), hn::Set(du, 0x10));
 }
+#endif
 
 // ---------------------------------------------------------------- 32-element block types
 

@@ -16,8 +16,9 @@
 // and the activations stay signed. sum(u * a) = sum(w * a) + o * sum(a), so each block's
 // accumulator starts at -o * sum(a), computed once per activation block. Where the dot goes
 // through pmaddubsw's saturating 16-bit pair sums, a pair is at most 2 * 31 * 127 < 2^15 for
-// the 4- and 5-bit types; Q8_0 (u <= 255) would overflow there, so it takes this path only with
-// VNNI, which sums in 32 bits. Integer sums per block are therefore exactly the reference's.
+// the 4- and 5-bit types; Q8_0 (u <= 255) would overflow there, so without VNNI (which sums in
+// 32 bits) Q8_0 is staged as |w| with the signs of w applied to the activation bytes instead
+// (Dot4Sign: pairs up to 2 * 128 * 127). Integer sums per block are exactly the reference's.
 //
 // Each thread stages its weight rows one tile at a time (a copy of about one byte per weight in
 // a thread-local buffer that stays in L1) and runs every activation row past it, kTileA rows at
@@ -95,17 +96,36 @@ HWY_INLINE VI Dot4(VI acc, const int8_t* a, VB u) {
 }
 #endif
 
-// Types that take the tiled path on this target.
-constexpr bool UsesTiles(TensorType t) {
-  return t != TensorType::Q8_0 || kExact32;
+// As Dot4 for Q8_0 without VNNI: u = |w|, and the activation bytes take the sign of w (sg), so
+// that a pair stays within 2 * 128 * 127 < 2^15.
+#if HWY_TARGET == HWY_AVX3
+HWY_INLINE VI Dot4Sign(VI acc, const int8_t* a, VB u, VB sg) {
+  const __m512i av = _mm512_set1_epi32(Load4(a));
+  const __m512i s =
+      _mm512_mask_sub_epi8(av, _mm512_movepi8_mask(sg.raw), _mm512_setzero_si512(), av);
+  const __m512i pairs = _mm512_maddubs_epi16(u.raw, s);
+  return VI{_mm512_add_epi32(acc.raw, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
 }
+#elif HWY_TARGET != HWY_AVX3_DL
+HWY_INLINE VI Dot4Sign(VI acc, const int8_t* a, VB u, VB sg) {
+  const qd::DU8 du8;
+  const qd::D8 d8;
+  const qd::D16 d16;
+  const auto av = qd::ApplySign(hn::BitCast(d8, hn::Set(DI(), Load4(a))), sg);
+  return qd::MulAddPairs(qd::MulPairs(hn::BitCast(du8, u), av), hn::Set(d16, 1), acc);
+}
+#endif
+
+// Q8_0 without VNNI: staged as |w| and sign (Dot4Sign), not as w + 128.
+template <TensorType T>
+constexpr bool kSignedTile = T == TensorType::Q8_0 && !kExact32;
 constexpr bool HasMin(TensorType t) {
   return t == TensorType::Q4_1 || t == TensorType::Q5_1;
 }
 
 // u - w of the staged weights (see the top).
 constexpr int TileOffset(TensorType t) {
-  return t == TensorType::Q8_0 ? 128 : qd::OffsetOf(t);
+  return t == TensorType::Q8_0 ? (kExact32 ? 128 : 0) : qd::OffsetOf(t);
 }
 
 // ---------------------------------------------------------------- staging
@@ -115,17 +135,18 @@ struct Tile32 {
   uint8_t* u;  // [nb * 8 * kTileW * 4]
   float* d;    // [nb * kTileW]  weight scale
   float* m;    // [nb * kTileW]  weight min (Q4_1/Q5_1)
+  int8_t* sg;  // [nb * 8 * kTileW * 4]  w, for its sign (kSignedTile only)
 };
 
-inline size_t TileBytes(int64_t nb) {
-  return static_cast<size_t>(nb) * kTileW * (32 + 2 * sizeof(float));
+inline size_t TileBytes(int64_t nb, bool signs) {
+  return static_cast<size_t>(nb) * kTileW * (32 + 2 * sizeof(float) + (signs ? 32 : 0));
 }
 
-// A tile in a buffer of TileBytes(nb) bytes.
-inline Tile32 TileIn(uint8_t* buf, int64_t nb) {
+// A tile in a buffer of TileBytes(nb, signs) bytes.
+inline Tile32 TileIn(uint8_t* buf, int64_t nb, bool signs) {
   const size_t n = static_cast<size_t>(nb) * kTileW;
-  return Tile32{buf, reinterpret_cast<float*>(buf + 32 * n),
-                reinterpret_cast<float*>(buf + 36 * n)};
+  return Tile32{buf, reinterpret_cast<float*>(buf + 32 * n), reinterpret_cast<float*>(buf + 36 * n),
+                signs ? reinterpret_cast<int8_t*>(buf + 40 * n) : nullptr};
 }
 
 // Decodes kTileW weight rows (w_stride bytes apart) into `tile`.
@@ -140,13 +161,22 @@ HWY_INLINE void StageTile32(const uint8_t* w, size_t w_stride, int64_t nb, const
       qd::V8 v[qd::kPer32];
       qd::Decode32<T>(wb[b], v);  // unsigned u, except Q8_0: signed w
       alignas(32) uint8_t vals[32];
+      alignas(32) int8_t signs[32];
       for (size_t j = 0; j < qd::kPer32; ++j) {
         auto uj = hn::BitCast(du8, v[j]);
-        if constexpr (T == TensorType::Q8_0) uj = hn::Xor(uj, sign);  // w + 128
+        if constexpr (kSignedTile<T>) {
+          hn::Store(v[j], qd::D8(), signs + j * qd::kN);
+          uj = hn::BitCast(du8, hn::Abs(v[j]));  // |-128| wraps to 0x80 = 128 as u8
+        } else if constexpr (T == TensorType::Q8_0) {
+          uj = hn::Xor(uj, sign);  // w + 128
+        }
         hn::Store(uj, du8, vals + j * qd::kN);
       }
-      uint8_t* dst = tile.u + (static_cast<size_t>(b) * kGroups * kTileW + r) * 4;
-      for (size_t g = 0; g < kGroups; ++g) std::memcpy(dst + g * kTileW * 4, vals + 4 * g, 4);
+      const size_t q0 = (static_cast<size_t>(b) * kGroups * kTileW + r) * 4;
+      for (size_t g = 0; g < kGroups; ++g) {
+        std::memcpy(tile.u + q0 + g * kTileW * 4, vals + 4 * g, 4);
+        if constexpr (kSignedTile<T>) std::memcpy(tile.sg + q0 + g * kTileW * 4, signs + 4 * g, 4);
+      }
       const size_t at = static_cast<size_t>(b) * kTileW + r;
       tile.d[at] = qd::HalfToFloat(wb[b].d);
       if constexpr (HasMin(T)) tile.m[at] = qd::HalfToFloat(wb[b].m);
@@ -209,7 +239,7 @@ HWY_INLINE const int8_t* ActBytes(const Acts32& a, int64_t r, int64_t b) {
 
 // One staged tile against RA activation rows from row r0: y0[(r0 + j) * y_stride + i] for the
 // tile's rows i < kTileW.
-template <bool kMin, int RA>
+template <bool kMin, bool kSign, int RA>
 HWY_INLINE void TileDot32(const Tile32& tile, const Acts32& acts, int64_t r0, int64_t nb, float* y0,
                           int64_t y_stride) {
   const DI di;
@@ -225,8 +255,16 @@ HWY_INLINE void TileDot32(const Tile32& tile, const Acts32& acts, int64_t r0, in
       isum[j] = hn::Set(di, acts.corr[(r0 + j) * nb + b]);
     }
     for (size_t g = 0; g < kGroups; ++g) {
-      const VB uv = hn::BitCast(DB(), hn::LoadU(DUB(), ub + g * kTileW * 4));
-      for (int j = 0; j < RA; ++j) isum[j] = Dot4(isum[j], a[j] + 4 * g, uv);
+      const size_t off = g * kTileW * 4;
+      const VB uv = hn::BitCast(DB(), hn::LoadU(DUB(), ub + off));
+      if constexpr (kSign) {
+#if HWY_TARGET != HWY_AVX3_DL
+        const VB sv = hn::LoadU(DB(), tile.sg + (ub - tile.u) + off);
+        for (int j = 0; j < RA; ++j) isum[j] = Dot4Sign(isum[j], a[j] + 4 * g, uv, sv);
+#endif
+      } else {
+        for (int j = 0; j < RA; ++j) isum[j] = Dot4(isum[j], a[j] + 4 * g, uv);
+      }
     }
     const size_t at = static_cast<size_t>(b) * kTileW;
     const VFT dw = hn::LoadU(df, tile.d + at);

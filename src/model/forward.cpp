@@ -57,11 +57,27 @@ void Forward::matmul(const WeightView& w, const float* x, int n, float* y) {
   });
 }
 
+void Forward::for_rows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn) {
+  if (rows >= kParallelRows) {
+    pool_.parallel_for(rows, kParallelRows / 2, fn);
+  } else {
+    fn(0, rows);
+  }
+}
+
 void Forward::norm_rows(const WeightView& w, const float* x, float* out, int64_t rows,
                         int64_t len) {
-  for (int64_t r = 0; r < rows; ++r) {
-    kernels::rms_norm(x + r * len, w.f32(), out + r * len, len, c_.rms_eps);
-  }
+  for_rows(rows, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      kernels::rms_norm(x + r * len, w.f32(), out + r * len, len, c_.rms_eps);
+    }
+  });
+}
+
+void Forward::add_rows(float* x, const float* y, int64_t rows, int64_t len) {
+  for_rows(rows, [&](int64_t b, int64_t e) {
+    for (int64_t j = b * len; j < e * len; ++j) x[j] += y[j];
+  });
 }
 
 void Forward::add_bias(const WeightView& b, float* y, int n, int dim) {
@@ -245,38 +261,43 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
     if (L.k_norm.present()) {
       norm_rows(L.k_norm, k_.data(), k_.data(), n * c_.n_head_kv, c_.head_dim);
     }
-    for (int i = 0; i < n; ++i) {
-      float* q = q_.data() + static_cast<size_t>(i) * c_.q_dim();
-      float* k = k_.data() + static_cast<size_t>(i) * c_.kv_dim();
-      rope(q, c_.n_head, batch[i].pos, swa);
-      rope(k, c_.n_head_kv, batch[i].pos, swa);
-      if (c_.query_scale != 1.0f) {
-        for (int d = 0; d < c_.q_dim(); ++d) q[d] *= c_.query_scale;
+    for_rows(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        float* q = q_.data() + static_cast<size_t>(i) * c_.q_dim();
+        float* k = k_.data() + static_cast<size_t>(i) * c_.kv_dim();
+        rope(q, c_.n_head, batch[i].pos, swa);
+        rope(k, c_.n_head_kv, batch[i].pos, swa);
+        if (c_.query_scale != 1.0f) {
+          for (int d = 0; d < c_.q_dim(); ++d) q[d] *= c_.query_scale;
+        }
+        // Store this token's key and value at its position.
+        std::memcpy(cache.keys(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.kv_dim(),
+                    k, sizeof(float) * c_.kv_dim());
+        std::memcpy(cache.values(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.v_dim(),
+                    v_.data() + static_cast<size_t>(i) * c_.v_dim(), sizeof(float) * c_.v_dim());
       }
-      // Store this token's key and value at its position.
-      std::memcpy(cache.keys(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.kv_dim(), k,
-                  sizeof(float) * c_.kv_dim());
-      std::memcpy(cache.values(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.v_dim(),
-                  v_.data() + static_cast<size_t>(i) * c_.v_dim(), sizeof(float) * c_.v_dim());
-    }
+    });
     attention(il, batch, cache);
     matmul(L.wo, attn_.data(), n, proj_.data());
     if (L.post_attn_norm.present()) norm_rows(L.post_attn_norm, proj_.data(), proj_.data(), n, D);
-    for (size_t j = 0; j < n * Dz; ++j) x_[j] += proj_[j];
+    add_rows(x_.data(), proj_.data(), n, D);
 
     // --- feed-forward block ---
     norm_rows(L.ffn_norm, x_.data(), cur_.data(), n, D);
     matmul(L.ffn_gate, cur_.data(), n, gate_.data());
     matmul(L.ffn_up, cur_.data(), n, up_.data());
-    const size_t nff = static_cast<size_t>(n) * c_.n_ff;
-    if (c_.ffn_act == FfnActivation::GeluTanh) {
-      kernels::geglu(gate_.data(), up_.data(), gate_.data(), nff);
-    } else {
-      kernels::swiglu(gate_.data(), up_.data(), gate_.data(), nff);
-    }
+    for_rows(n, [&](int64_t b, int64_t e) {
+      const size_t off = static_cast<size_t>(b) * c_.n_ff,
+                   len = static_cast<size_t>(e - b) * c_.n_ff;
+      if (c_.ffn_act == FfnActivation::GeluTanh) {
+        kernels::geglu(gate_.data() + off, up_.data() + off, gate_.data() + off, len);
+      } else {
+        kernels::swiglu(gate_.data() + off, up_.data() + off, gate_.data() + off, len);
+      }
+    });
     matmul(L.ffn_down, gate_.data(), n, proj_.data());
     if (L.post_ffn_norm.present()) norm_rows(L.post_ffn_norm, proj_.data(), proj_.data(), n, D);
-    for (size_t j = 0; j < n * Dz; ++j) x_[j] += proj_[j];
+    add_rows(x_.data(), proj_.data(), n, D);
     if (probe && *probe) (*probe)(il, x_.data(), n);
   }
 

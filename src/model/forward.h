@@ -45,7 +45,12 @@ class Forward {
   // y[n][w.ne1] = x[n][w.ne0] · wᵀ, with the activation rounding llama.cpp applies.
   void matmul(const WeightView& w, const float* x, int n, float* y);
   // out[r] = rms_norm(x[r]) * w for rows of `len` floats (in place when out == x).
+  // Row-wise work of a batch: fn(begin, end) over [0, rows), split across the pool from
+  // kParallelRows rows on (below that a handoff costs more than it saves).
+  static constexpr int64_t kParallelRows = 16;
+  void for_rows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn);
   void norm_rows(const WeightView& w, const float* x, float* out, int64_t rows, int64_t len);
+  void add_rows(float* x, const float* y, int64_t rows, int64_t len);  // x += y
   void add_bias(const WeightView& b, float* y, int n, int dim);
   void rope(float* x, int n_heads, int pos, bool swa_layer);
   void attention(int layer, std::span<const BatchToken> batch, KvCache& cache);
