@@ -3,18 +3,17 @@
 // bandwidth baseline BM_ReadSum / BM_Memcpy on the same machine.
 //
 //   ./bench_kernels --benchmark_filter='Matvec/Q4_K'
-//   TANDEM_BENCH_TARGET=AVX2 ./bench_kernels ...   (one of the compiled Highway targets that this
-//                                                    CPU supports, instead of the best one)
+//   TANDEM_SIMD_TARGET=AVX2 ./bench_kernels ...   (one of the compiled Highway targets that this
+//                                                   CPU supports, instead of the best one)
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
-
-#include "hwy/targets.h"
 
 #include "kernels/kernels.h"
 
@@ -211,17 +210,11 @@ BENCHMARK(QuantizeActivation)
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (const char* want = std::getenv("TANDEM_BENCH_TARGET")) {
-    bool found = false;
-    for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
-      if (want == std::string(hwy::TargetName(t))) {
-        hwy::SetSupportedTargetsForTest(t);
-        found = true;
-      }
-    }
-    if (!found) {
-      std::fprintf(stderr, "TANDEM_BENCH_TARGET=%s: not a compiled target this CPU supports\n",
-                   want);
+  if (const char* want = std::getenv("TANDEM_SIMD_TARGET")) {
+    try {
+      k::set_simd_target(want);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "TANDEM_SIMD_TARGET: %s\n", e.what());
       return 2;
     }
   }

@@ -191,4 +191,11 @@ GenerateResult generate(Context& ctx, std::span<const TokenId> prompt, int n_pre
                         Sampler& sampler, const std::function<bool(std::string_view)>& on_text = {},
                         int seq = 0);
 
+// The SIMD target the kernels dispatch to on this CPU (e.g. "AVX3_DL", "AVX2", "NEON").
+std::string simd_target();
+// Pins the kernels to another compiled target this CPU supports (e.g. "AVX2", to measure what a
+// CPU without AVX-512 would get); "" restores the best. Throws std::invalid_argument, naming the
+// choices, for any other name.
+void set_simd_target(const std::string& name);
+
 }  // namespace tandem

@@ -102,10 +102,12 @@ class BenchCommand : public Command {
     j["model"] = model_;
     j["arch"] = model->info().arch;
     j["threads"] = ctx.n_threads();
+    j["simd_target"] = simd_target();
     j["repetitions"] = reps_;
     j["model_bytes"] = model->info().file_bytes;
-    std::fprintf(stderr, "model %s (%s, %.1f MiB), %d threads\n", model_.c_str(),
-                 model->info().arch.c_str(), model->info().file_bytes / 1048576.0, ctx.n_threads());
+    std::fprintf(stderr, "model %s (%s, %.1f MiB), %d threads, SIMD %s\n", model_.c_str(),
+                 model->info().arch.c_str(), model->info().file_bytes / 1048576.0, ctx.n_threads(),
+                 simd_target().c_str());
     if (n_prompt_ > 0) {
       const Stats s = measure(run_pp, "pp");
       j["pp"] = {{"n", n_prompt_}, {"tok_s", s.mean}, {"sd", s.sd}, {"samples", s.samples}};

@@ -18,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "common/error.h"
+#include "tandem/engine.h"
 
 namespace tandem::cli {
 
@@ -62,6 +63,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
+  }
+  // TANDEM_SIMD_TARGET=AVX2 (say) runs the kernels of that target instead of the best one.
+  if (const char* target = std::getenv("TANDEM_SIMD_TARGET")) {
+    try {
+      tandem::set_simd_target(target);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "error: TANDEM_SIMD_TARGET: %s\n", e.what());
+      return 2;
+    }
   }
   for (auto& cmd : commands) {
     if (cmd->parsed()) {

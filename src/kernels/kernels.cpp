@@ -9,6 +9,7 @@
 #if HWY_ONCE
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/kernels.h"
 #include "kernels/kernels_ref.h"
@@ -175,6 +176,38 @@ uint16_t f32_to_bf16(float f) {
 
 const char* simd_target_name() {
   return HWY_DYNAMIC_DISPATCH(TargetNameT)();
+}
+
+namespace {
+int64_t g_pinned_target = 0;  // 0: dispatch picks the best target
+
+// Every compiled target the CPU supports, whatever is pinned.
+std::vector<int64_t> AllTargets() {
+  hwy::SetSupportedTargetsForTest(0);
+  std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  hwy::SetSupportedTargetsForTest(g_pinned_target);
+  return targets;
+}
+}  // namespace
+
+std::vector<std::string> simd_targets() {
+  std::vector<std::string> names;
+  for (int64_t t : AllTargets()) names.emplace_back(hwy::TargetName(t));
+  return names;
+}
+
+void set_simd_target(const std::string& name) {
+  std::string choices;
+  for (int64_t t : AllTargets()) {
+    if (name.empty() || name == hwy::TargetName(t)) {
+      g_pinned_target = name.empty() ? 0 : t;
+      hwy::SetSupportedTargetsForTest(g_pinned_target);
+      return;
+    }
+    choices += std::string(choices.empty() ? "" : ", ") + hwy::TargetName(t);
+  }
+  throw std::invalid_argument("SIMD target '" + name + "' is not one this build and CPU support (" +
+                              choices + ")");
 }
 
 }  // namespace tandem::kernels

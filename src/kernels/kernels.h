@@ -13,6 +13,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "common/tensor_type.h"
 
@@ -87,5 +89,11 @@ uint16_t f32_to_bf16(float f);
 
 // Name of the SIMD target that dispatch selected on this machine (e.g. "AVX3_DL").
 const char* simd_target_name();
+// Names of the compiled targets this CPU supports, best first (e.g. AVX3_DL AVX3 AVX2 ...).
+std::vector<std::string> simd_targets();
+// Restricts dispatch to one of simd_targets() (benchmarks of older CPUs, debugging); "" restores
+// the best one. Throws std::invalid_argument naming the choices for any other name. Call it
+// before kernels run, not while they do.
+void set_simd_target(const std::string& name);
 
 }  // namespace tandem::kernels

@@ -1,5 +1,6 @@
 #include "common/error.h"
 #include "gguf/gguf.h"
+#include "kernels/kernels.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
 #include "tandem/engine.h"
@@ -35,6 +36,14 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   info.file_bytes = m->file_->file_size();
   for (const auto& t : m->file_->tensors()) info.n_params += static_cast<uint64_t>(t.n_elements());
   return m;
+}
+
+std::string simd_target() {
+  return kernels::simd_target_name();
+}
+
+void set_simd_target(const std::string& name) {
+  kernels::set_simd_target(name);
 }
 
 }  // namespace tandem

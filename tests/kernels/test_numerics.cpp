@@ -307,6 +307,25 @@ TEST(KernelsTypes, TargetsUnderTest) {
   EXPECT_GE(targets.size(), 2u) << "expected several targets (e.g. AVX2 and SSE4)";
 }
 
+TEST(KernelsTypes, PinsTheSimdTarget) {
+  const std::vector<std::string> names = simd_targets();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.front(), simd_target_name());
+  for (const std::string& name : names) {
+    set_simd_target(name);
+    EXPECT_EQ(name, simd_target_name());
+  }
+  set_simd_target("");
+  EXPECT_EQ(names.front(), simd_target_name());
+  try {
+    set_simd_target("NOT_A_TARGET");
+    ADD_FAILURE() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(names.front()), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(names.front(), simd_target_name());
+}
+
 TEST(KernelsTypes, ActivationTypes) {
   EXPECT_EQ(activation_type(TensorType::Q4_K), TensorType::Q8_K);
   EXPECT_EQ(activation_type(TensorType::Q6_K), TensorType::Q8_K);
