@@ -407,29 +407,23 @@ HWY_INLINE void TileDotK(const TileK& tile, const uint8_t* acts, size_t act_stri
 constexpr int kTileA = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
 
 // Calls tile(std::integral_constant<int, RA>(), r) for the groups of rows [r, r + RA) that
-// cover [0, n_act): kTileA rows at a time, then the rest in one group.
+// cover [0, n_act): kTileA rows at a time, then the rest as groups of 4, 2 and 1 (fewer kernel
+// instances to compile than one per remainder, for at most two extra passes over the tile).
 template <class Tile>
 HWY_INLINE void ForActGroups(int64_t n_act, const Tile& tile) {
   int64_t r = 0;
   for (; r + kTileA <= n_act; r += kTileA) tile(std::integral_constant<int, kTileA>(), r);
-  switch (n_act - r) {
-    case 7:
-      return tile(std::integral_constant<int, 7>(), r);
-    case 6:
-      return tile(std::integral_constant<int, 6>(), r);
-    case 5:
-      return tile(std::integral_constant<int, 5>(), r);
-    case 4:
-      return tile(std::integral_constant<int, 4>(), r);
-    case 3:
-      return tile(std::integral_constant<int, 3>(), r);
-    case 2:
-      return tile(std::integral_constant<int, 2>(), r);
-    case 1:
-      return tile(std::integral_constant<int, 1>(), r);
-    default:
-      return;
+  if constexpr (kTileA > 4) {
+    if (r + 4 <= n_act) {
+      tile(std::integral_constant<int, 4>(), r);
+      r += 4;
+    }
   }
+  if (r + 2 <= n_act) {
+    tile(std::integral_constant<int, 2>(), r);
+    r += 2;
+  }
+  if (r < n_act) tile(std::integral_constant<int, 1>(), r);
 }
 
 #endif  // HWY_TARGET != HWY_SCALAR
