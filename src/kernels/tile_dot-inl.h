@@ -1,5 +1,7 @@
-// Prefill matmul of 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) over tiles of weight
-// rows interleaved four bytes at a time (Highway), included by kernels-inl.h once per target.
+// Prefill matmul of the quantized types over tiles of weight rows interleaved four bytes at a
+// time (Highway), included by kernels-inl.h once per target: the 32-element block types (Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0) first, the K-quants further down. Activation bytes are read in place
+// from their Q8_0 / Q8_1 / Q8_K blocks.
 //
 // A tile holds kTileW weight rows, one per 32-bit lane of a full-width vector (16 on AVX-512,
 // 8 on AVX2, 4 on SSE4/NEON). Its bytes are ordered so that one vector load gives four
@@ -20,9 +22,10 @@
 // 32 bits) Q8_0 is staged as |w| with the signs of w applied to the activation bytes instead
 // (Dot4Sign: pairs up to 2 * 128 * 127). Integer sums per block are exactly the reference's.
 //
-// Each thread stages its weight rows one tile at a time (a copy of about one byte per weight in
-// a thread-local buffer that stays in L1) and runs every activation row past it, kTileA rows at
-// a time; each weight row is decoded once per call.
+// Each thread stages its weight rows one tile at a time (about one byte per weight in a
+// thread-local buffer: 13 KB for 16 rows of 640 Q5_0 weights, 110 KB for 16 rows of 4864 K-quant
+// weights, so L1 or L2) and runs every activation row past it, kTileA rows at a time; each
+// weight row is decoded once per call.
 
 #if defined(TANDEM_TILE_DOT_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TANDEM_TILE_DOT_INL_H_
