@@ -4,7 +4,8 @@
 # each Highway target the build compiles and the (emulated) CPU supports. This script prints
 # those targets and fails unless NEON, SVE and SVE2 are among them, runs the per-target kernel
 # tests once more per extra SVE vector length (Highway has targets specialised for 128- and
-# 256-bit SVE), and ends with one ctest run of every kernel and GGUF test at qemu's default CPU.
+# 256-bit SVE) and once on a Cortex-A53 (no dot product extension), and ends with one ctest run
+# of every kernel and GGUF test at qemu's default CPU.
 #
 #   scripts/setup.sh --arm            once: cross compiler, arm64 libraries, qemu-user
 #   scripts/arm_test.sh [CTEST_ARGS...]
@@ -110,6 +111,10 @@ for vl in $VLS; do
   run_kernels "SVE $((vl * 8))-bit" "max,sve-default-vector-length=$vl" "$PER_TARGET_FILTER" \
     >/dev/null
 done
+
+# The prefill tile kernels use sdot where the CPU has the dot product extension, as qemu's
+# default CPU does: the per-target tests once more on a CPU without it (the emulated path).
+run_kernels "Cortex-A53 (no dotprod)" "cortex-a53" "$PER_TARGET_FILTER" >/dev/null
 
 log "kernel and GGUF tests (targets: $TESTED; qemu default CPU)"
 cd "$BUILD"

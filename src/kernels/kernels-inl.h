@@ -172,13 +172,23 @@ int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_
   const td::Acts32 a{acts, act_stride, d, s, corr};
   constexpr bool kSign = td::kSignedTile<T>;
   const td::Tile32 tile = td::TileIn(Grow(scratch.tile, td::TileBytes(nb, kSign)), nb, kSign);
-  for (int64_t t = 0; t < n_tiles; ++t) {
-    const int64_t i0 = row_begin + t * kW;
-    td::StageTile32<T>(w + i0 * w_stride, w_stride, nb, tile);
-    td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
-      td::TileDot32<kMin, kSign, decltype(ra)::value>(tile, a, r, nb, y + i0, y_stride);
-    });
+  const auto run = [&](auto sdot) HWY_ATTR {
+    for (int64_t t = 0; t < n_tiles; ++t) {
+      const int64_t i0 = row_begin + t * kW;
+      td::StageTile32<T>(w + i0 * w_stride, w_stride, nb, tile);
+      td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
+        td::TileDot32<kMin, kSign, decltype(sdot)::value, decltype(ra)::value>(tile, a, r, nb,
+                                                                               y + i0, y_stride);
+      });
+    }
+  };
+  if constexpr (td::kSdotPath && T != TensorType::Q8_0) {
+    if (td::HasSdot()) {
+      run(std::true_type());
+      return row_begin + n_tiles * kW;
+    }
   }
+  run(std::false_type());
   return row_begin + n_tiles * kW;
 }
 
@@ -199,14 +209,23 @@ int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_b
   row.d = Grow(scratch.stage_f, static_cast<size_t>(2 * nbk));
   row.dmin = row.d + nbk;
   const td::TileK tile = td::TileKIn(Grow(scratch.tile, td::TileBytesK(nbk)), nbk);
-  for (int64_t t = 0; t < n_tiles; ++t) {
-    const int64_t i0 = row_begin + t * kW;
-    td::StageTileK<T>(w + i0 * w_stride, w_stride, nbk, row, tile);
-    td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
-      td::TileDotK<td::GroupLenK(T), decltype(ra)::value>(tile, acts, act_stride, r, nbk, y + i0,
-                                                          y_stride);
-    });
+  const auto run = [&](auto sdot) HWY_ATTR {
+    for (int64_t t = 0; t < n_tiles; ++t) {
+      const int64_t i0 = row_begin + t * kW;
+      td::StageTileK<T>(w + i0 * w_stride, w_stride, nbk, row, tile);
+      td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
+        td::TileDotK<td::GroupLenK(T), decltype(sdot)::value, decltype(ra)::value>(
+            tile, acts, act_stride, r, nbk, y + i0, y_stride);
+      });
+    }
+  };
+  if constexpr (td::kSdotPath) {
+    if (td::HasSdot()) {
+      run(std::true_type());
+      return row_begin + n_tiles * kW;
+    }
   }
+  run(std::false_type());
   return row_begin + n_tiles * kW;
 }
 

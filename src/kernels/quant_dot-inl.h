@@ -369,11 +369,9 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
   constexpr bool kMin = T == TensorType::Q4_1 || T == TensorType::Q5_1;
   const D8 d8;
   const DU8 du8;
-  const D16 d16;
   const D32 d32;
   const DF df;
   const DF4 df4;
-  const auto ones = hn::Set(d16, 1);
   VF facc[RA];
   float extra[RA];
   for (int r = 0; r < RA; ++r) {
