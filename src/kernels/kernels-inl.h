@@ -152,6 +152,19 @@ HWY_INLINE void RunTiles(const Dot& dot, const uint8_t* acts, size_t act_stride,
   }
 }
 
+// Calls per_tile(sdot, t) for t < n_tiles, sdot = std::true_type where the CPU does the dot of
+// four in one sdot (AArch64 dotprod) and kSdotOk, else std::false_type.
+template <bool kSdotOk, class PerTile>
+HWY_INLINE void ForEachTile(int64_t n_tiles, const PerTile& per_tile) {
+  const auto run = [&](auto sdot) HWY_ATTR {
+    for (int64_t t = 0; t < n_tiles; ++t) per_tile(sdot, t);
+  };
+  if constexpr (td::kSdotPath && kSdotOk) {
+    if (td::HasSdot()) return run(std::true_type());
+  }
+  run(std::false_type());
+}
+
 // Prefill of the 32-element types (tile_dot-inl.h): the first whole tiles of rows
 // [row_begin, row_end), each staged once and run against all n_act activation rows. Returns the
 // first row left for MatmulQuant's own loop (fewer than td::kTileW).
@@ -172,23 +185,15 @@ int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_
   const td::Acts32 a{acts, act_stride, d, s, corr};
   constexpr bool kSign = td::kSignedTile<T>;
   const td::Tile32 tile = td::TileIn(Grow(scratch.tile, td::TileBytes(nb, kSign)), nb, kSign);
-  const auto run = [&](auto sdot) HWY_ATTR {
-    for (int64_t t = 0; t < n_tiles; ++t) {
-      const int64_t i0 = row_begin + t * kW;
-      td::StageTile32<T>(w + i0 * w_stride, w_stride, nb, tile);
-      td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
-        td::TileDot32<kMin, kSign, decltype(sdot)::value, decltype(ra)::value>(tile, a, r, nb,
-                                                                               y + i0, y_stride);
-      });
-    }
-  };
-  if constexpr (td::kSdotPath && T != TensorType::Q8_0) {
-    if (td::HasSdot()) {
-      run(std::true_type());
-      return row_begin + n_tiles * kW;
-    }
-  }
-  run(std::false_type());
+  // Q8_0's staged bytes do not fit sdot's signed operand.
+  ForEachTile<T != TensorType::Q8_0>(n_tiles, [&](auto sdot, int64_t t) HWY_ATTR {
+    const int64_t i0 = row_begin + t * kW;
+    td::StageTile32<T>(w + i0 * w_stride, w_stride, nb, tile);
+    td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
+      td::TileDot32<kMin, kSign, decltype(sdot)::value, decltype(ra)::value>(tile, a, r, nb, y + i0,
+                                                                             y_stride);
+    });
+  });
   return row_begin + n_tiles * kW;
 }
 
@@ -209,50 +214,38 @@ int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_b
   row.d = Grow(scratch.stage_f, static_cast<size_t>(2 * nbk));
   row.dmin = row.d + nbk;
   const td::TileK tile = td::TileKIn(Grow(scratch.tile, td::TileBytesK(nbk)), nbk);
-  const auto run = [&](auto sdot) HWY_ATTR {
-    for (int64_t t = 0; t < n_tiles; ++t) {
-      const int64_t i0 = row_begin + t * kW;
-      td::StageTileK<T>(w + i0 * w_stride, w_stride, nbk, row, tile);
-      td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
-        td::TileDotK<td::GroupLenK(T), decltype(sdot)::value, decltype(ra)::value>(
-            tile, acts, act_stride, r, nbk, y + i0, y_stride);
-      });
-    }
-  };
-  if constexpr (td::kSdotPath) {
-    if (td::HasSdot()) {
-      run(std::true_type());
-      return row_begin + n_tiles * kW;
-    }
-  }
-  run(std::false_type());
+  ForEachTile<true>(n_tiles, [&](auto sdot, int64_t t) HWY_ATTR {
+    const int64_t i0 = row_begin + t * kW;
+    td::StageTileK<T>(w + i0 * w_stride, w_stride, nbk, row, tile);
+    td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
+      td::TileDotK<td::GroupLenK(T), decltype(sdot)::value, decltype(ra)::value>(
+          tile, acts, act_stride, r, nbk, y + i0, y_stride);
+    });
+  });
   return row_begin + n_tiles * kW;
 }
 
 // Rows [row_begin, row_end) of a quantized weight matrix against n_act quantized activation
 // rows. With at least kTiledMinActs activation rows (prefill), whole tiles of weight rows take
-// the tiled kernels of tile_dot-inl.h. The rest (decode,
-// small batches, the last rows short of a tile) goes through qd::DotRow, which decodes each
-// weight block in registers once per kTileRows activation rows; the activation rows are then
-// taken in panels that stay in L2 while every weight row of the range streams past once per
-// panel.
+// the tiled kernels of tile_dot-inl.h. The rest (decode, small batches, the last rows short of a
+// tile) goes through qd::DotRow, which decodes each weight block in registers once per kTileRows
+// activation rows; the activation rows are then taken in panels that stay in L2 while every
+// weight row of the range streams past once per panel.
 template <TensorType T>
 void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin, int64_t row_end,
                  const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
                  int64_t y_stride) {
   constexpr bool kBlock32 = qd::IsBlock32(T);
   constexpr int64_t kTiledMinActs = 8;
-  {
-    if (n_act >= kTiledMinActs) {
-      if constexpr (kBlock32) {
-        row_begin = MatmulTiled32<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,
-                                     y_stride);
-      } else {
-        row_begin = MatmulTiledK<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,
-                                    y_stride);
-      }
-      if (row_begin == row_end) return;
+  if (n_act >= kTiledMinActs) {
+    if constexpr (kBlock32) {
+      row_begin = MatmulTiled32<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,
+                                   y_stride);
+    } else {
+      row_begin =
+          MatmulTiledK<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y, y_stride);
     }
+    if (row_begin == row_end) return;
   }
   const int64_t panel = std::max<int64_t>(
       kTileRows, static_cast<int64_t>(kActPanelBytes / std::max<size_t>(act_stride, 1)) /

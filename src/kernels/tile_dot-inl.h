@@ -254,11 +254,14 @@ HWY_INLINE void PrepareActs32(const uint8_t* acts, size_t act_stride, int64_t n_
       } else {
         const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
         d[at] = qd::HalfToFloat(blk->d);
-        qd::V32 sum = hn::Zero(d32);
-        for (size_t j = 0; j < qd::kPer32; ++j)
-          sum = qd::MulAddPairs(qd::MulPairs(ones8, hn::LoadU(d8, blk->qs + j * qd::kN)), ones16,
-                                sum);
-        corr[at] = -TileOffset(T) * hn::GetLane(hn::SumOfLanes(d32, sum));
+        corr[at] = 0;
+        if constexpr (TileOffset(T) != 0) {  // Q8_0 staged as |w| and signs has none
+          qd::V32 sum = hn::Zero(d32);
+          for (size_t j = 0; j < qd::kPer32; ++j)
+            sum = qd::MulAddPairs(qd::MulPairs(ones8, hn::LoadU(d8, blk->qs + j * qd::kN)), ones16,
+                                  sum);
+          corr[at] = -TileOffset(T) * hn::GetLane(hn::SumOfLanes(d32, sum));
+        }
       }
     }
   }
