@@ -28,6 +28,8 @@ std::unique_ptr<Command> make_bench_command(CLI::App& app);
 std::unique_ptr<Command> make_quantize_command(CLI::App& app);
 std::unique_ptr<Command> make_perplexity_command(CLI::App& app);
 std::unique_ptr<Command> make_synth_command(CLI::App& app);
+std::unique_ptr<Command> make_serve_command(CLI::App& app);
+std::unique_ptr<Command> make_run_command(CLI::App& app);
 
 // Shared helpers (main.cpp).
 bool stderr_is_tty();

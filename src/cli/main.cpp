@@ -45,7 +45,7 @@ std::string read_prompt(const std::string& prompt, const std::string& file, bool
 
 int main(int argc, char** argv) {
   using namespace tandem::cli;
-  CLI::App app{"tandem: token-level collaborative decoding; engine tools"};
+  CLI::App app{"tandem: token-level collaborative decoding between a device and the cloud"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tandem 0.1.0");
 
@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
   commands.push_back(make_quantize_command(app));
   commands.push_back(make_perplexity_command(app));
   commands.push_back(make_synth_command(app));
+  commands.push_back(make_serve_command(app));
+  commands.push_back(make_run_command(app));
 
   try {
     app.parse(argc, argv);
