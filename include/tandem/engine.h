@@ -113,6 +113,9 @@ class Context {
   // Keeps positions [0, n_keep) of a sequence and forgets the rest.
   void truncate(int seq, int n_keep);
   void clear(int seq) { truncate(seq, 0); }
+  // Forgets a sequence and gives its cache pages back to the operating system, so a server can
+  // keep its resident memory within a KV budget while slots come and go.
+  void release(int seq);
 
   int n_ctx() const { return n_ctx_; }
   int n_seq() const { return n_seq_; }

@@ -1,16 +1,213 @@
-// tandem serve: being built (issues 9 and 10); until then it says so.
+// tandem serve: the cloud side. Hosts one model for many devices: native sessions
+// (docs/protocol.md), OpenAI-, llama.cpp- and SGLang-compatible endpoints, /health, /metrics.
+#include <utility>  // before Boost 1.74's asio (std::exchange)
+
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
 #include "cli/commands.h"
 #include "common/error.h"
+#include "server/api.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "tandem/engine.h"
 
 namespace tandem::cli {
 namespace {
+
+namespace asio = boost::asio;
+using namespace tandem::server;
+
 class ServeCommand : public Command {
  public:
-  explicit ServeCommand(CLI::App& app) : Command(app.add_subcommand("serve", "(not built yet)")) {}
-  int run() override { throw Error("tandem serve is not built yet"); }
+  explicit ServeCommand(CLI::App& app)
+      : Command(app.add_subcommand(
+            "serve",
+            "The cloud server: native sessions (docs/protocol.md), /v1/completions, "
+            "/v1/chat/completions, /v1/models, /completion, /generate, /tokenize, /detokenize, "
+            "/health, /metrics")) {
+    sub_->add_option("-m,--model", model_, "GGUF model file")->default_str(default_model_path());
+    sub_->add_option("--host", http_.host, "Address to bind (default: loopback only)")
+        ->capture_default_str();
+    sub_->add_option("--port", http_.port, "Port (0: any free port, printed on stderr)")
+        ->check(CLI::Range(0, 65535))
+        ->capture_default_str();
+    sub_->add_option("--api-key", api_.api_key, "Require 'Authorization: Bearer KEY'");
+    sub_->add_option("--api-key-file", api_key_file_, "Read the API key from a file");
+    sub_->add_option("--ssl-cert", ssl_cert_, "TLS certificate chain (PEM)");
+    sub_->add_option("--ssl-key", ssl_key_, "TLS private key (PEM)");
+    sub_->add_option("-c,--ctx-size", sched_.n_ctx,
+                     "Context per session (0: model default, at most 4096)")
+        ->check(CLI::Range(0, 1 << 20))
+        ->capture_default_str();
+    sub_->add_option("--max-sessions", sched_.max_sessions, "Open native sessions at most")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
+    sub_->add_option("--parallel,--np", sched_.stateless_slots,
+                     "Slots for stateless requests (OpenAI, /completion, /generate)")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
+    sub_->add_option("--kv-cap", sched_.kv_cap_bytes,
+                     "KV cache bytes for all sessions together (0: what the slots need)")
+        ->capture_default_str();
+    sub_->add_option("--idle-timeout", sched_.idle_timeout_s,
+                     "Seconds before an idle session expires")
+        ->check(CLI::Range(0.1, 1e7))
+        ->capture_default_str();
+    sub_->add_option("-b,--batch-size", sched_.batch_tokens, "Token budget of one decode batch")
+        ->check(CLI::Range(1, 65536))
+        ->capture_default_str();
+    sub_->add_option("--max-queue", sched_.max_queue, "Jobs waiting or running before 429")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    sub_->add_option("--max-body", http_.max_body_bytes, "Request body bytes at most")
+        ->check(CLI::Range(1024, 1 << 30))
+        ->capture_default_str();
+    sub_->add_option("--max-connections", http_.max_connections, "Open connections at most")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    sub_->add_option("--max-generate", api_.max_generate, "Tokens one request may generate")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    sub_->add_option("--max-sse", api_.max_sse_clients, "Open streams at most")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    sub_->add_option("-t,--threads", sched_.n_threads, "Engine threads (default: all cores)");
+    sub_->add_option("--http-threads", http_threads_, "I/O threads")
+        ->check(CLI::Range(1, 64))
+        ->capture_default_str();
+    sub_->add_option("-a,--alias", api_.model_name,
+                     "Model name for /v1/models (default: file name)");
+  }
+
+  int run() override {
+    if (model_.empty()) model_ = default_model_path();
+    if (!api_key_file_.empty()) {
+      std::ifstream in(api_key_file_);
+      if (!in) throw Error("cannot read --api-key-file '" + api_key_file_ + "'");
+      std::getline(in, api_.api_key);
+      while (!api_.api_key.empty() &&
+             std::isspace(static_cast<unsigned char>(api_.api_key.back()))) {
+        api_.api_key.pop_back();
+      }
+      if (api_.api_key.empty()) throw Error("--api-key-file '" + api_key_file_ + "' is empty");
+    }
+    if (api_.model_name.empty()) api_.model_name = std::filesystem::path(model_).stem().string();
+    if (ssl_cert_.empty() != ssl_key_.empty()) {
+      throw Error("TLS needs both --ssl-cert and --ssl-key");
+    }
+
+    asio::io_context io;
+    std::unique_ptr<asio::ssl::context> ssl;
+    if (!ssl_cert_.empty()) {
+      ssl = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+      ssl->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                       asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                       asio::ssl::context::no_tlsv1_1);
+      boost::system::error_code ec;
+      ssl->use_certificate_chain_file(ssl_cert_, ec);
+      if (ec) throw Error("--ssl-cert '" + ssl_cert_ + "': " + ec.message());
+      ssl->use_private_key_file(ssl_key_, asio::ssl::context::pem, ec);
+      if (ec) throw Error("--ssl-key '" + ssl_key_ + "': " + ec.message());
+      http_.ssl = ssl.get();
+    }
+
+    Metrics metrics;
+    std::atomic<Api*> api{nullptr};
+    HttpServer server(
+        io, http_,
+        [&](const HttpRequest& req, std::shared_ptr<Responder> res) {
+          if (Api* a = api.load()) return a->handle(req, std::move(res));
+          // Still loading: say so (503, as llama.cpp's /health does).
+          const bool health = req.path == "/health";
+          metrics.count_request(health ? "/health" : "other", 503);
+          res->send(503, "application/json",
+                    health ? "{\"status\":\"loading model\"}"
+                           : "{\"error\":{\"code\":\"unavailable\",\"message\":\"loading model\"}}",
+                    {{"Retry-After", "1"}});
+        },
+        &metrics.connections);
+    server.start();
+    const char* scheme = ssl ? "https" : "http";
+    std::fprintf(stderr, "tandem serve: listening on %s://%s:%d\n", scheme, http_.host.c_str(),
+                 server.port());
+    std::fflush(stderr);
+
+    // I/O threads answer /health (503) while the model loads.
+    auto work = asio::make_work_guard(io);
+    std::vector<std::thread> io_threads;
+    for (int i = 0; i < http_threads_; ++i) io_threads.emplace_back([&] { io.run(); });
+
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Scheduler> scheduler;
+    std::unique_ptr<Api> api_impl;
+    int rc = 0;
+    try {
+      model = Model::load(model_);
+      scheduler = std::make_unique<Scheduler>(*model, sched_, metrics);
+      api_impl = std::make_unique<Api>(*scheduler, metrics, api_);
+      api.store(api_impl.get());
+      const auto& o = scheduler->options();
+      std::fprintf(
+          stderr,
+          "tandem serve: %s ready: n_ctx %d, %d sessions + %d stateless slots, KV cap %.1f "
+          "MiB (%llu bytes/token), batch %d tokens, %d engine threads\n",
+          api_.model_name.c_str(), o.n_ctx, o.max_sessions, o.stateless_slots,
+          static_cast<double>(o.kv_cap_bytes) / (1 << 20),
+          static_cast<unsigned long long>(scheduler->kv_bytes_per_token()), o.batch_tokens,
+          sched_.n_threads);
+      std::fflush(stderr);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      rc = 1;
+    }
+
+    // SIGTERM/SIGINT: stop accepting, finish every queued step, let the answers go out, exit.
+    asio::signal_set signals(io, SIGINT, SIGTERM);
+    std::thread drainer;
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      std::fprintf(stderr, "tandem serve: signal %d, draining\n", sig);
+      if (api_impl) api_impl->set_draining();
+      server.stop_accepting();
+      drainer = std::thread([&] {
+        if (scheduler) scheduler->drain();
+        // Answers are posted to the I/O threads; give them a moment to be written.
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        work.reset();
+        io.stop();
+      });
+    });
+    if (rc != 0) {
+      work.reset();
+      io.stop();
+    }
+    for (auto& t : io_threads) t.join();
+    if (drainer.joinable()) drainer.join();
+    api.store(nullptr);
+    api_impl.reset();
+    scheduler.reset();
+    if (rc == 0) std::fprintf(stderr, "tandem serve: stopped\n");
+    return rc;
+  }
+
+ private:
+  std::string model_, api_key_file_, ssl_cert_, ssl_key_;
+  HttpServerOptions http_;
+  SchedulerOptions sched_;
+  ApiOptions api_;
+  int http_threads_ = 2;
 };
+
 }  // namespace
+
 std::unique_ptr<Command> make_serve_command(CLI::App& app) {
   return std::make_unique<ServeCommand>(app);
 }
+
 }  // namespace tandem::cli

@@ -31,6 +31,9 @@ class KvCache {
   void set_length(int seq, int n) { len_[seq] = n; }
 
   size_t bytes() const;
+  // Sets the length to 0 and returns the sequence's whole pages to the OS (madvise DONTNEED);
+  // the memory reads as zeros and is faulted in again when written.
+  void release(int seq);
 
  private:
   size_t offset(int layer, int seq, int dim) const {

@@ -101,6 +101,11 @@ void Context::truncate(int seq, int n_keep) {
   cache_->set_length(seq, std::min(n_keep, cache_->length(seq)));
 }
 
+void Context::release(int seq) {
+  if (seq < 0 || seq >= n_seq_) throw Error("sequence " + std::to_string(seq) + " out of range");
+  cache_->release(seq);
+}
+
 void Context::set_layer_probe(std::function<void(int, const float*, int)> probe) {
   probe_ = std::move(probe);
 }

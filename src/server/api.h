@@ -1,0 +1,44 @@
+// The HTTP API of `tandem serve`: the native session protocol (docs/protocol.md) and the
+// OpenAI-, llama.cpp- and SGLang-compatible endpoints, all running their model work through one
+// Scheduler. Request parsing is strict: every field is type- and range-checked and an error names
+// the field.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+
+namespace tandem::server {
+
+struct ApiOptions {
+  std::string api_key;     // empty: no auth
+  std::string model_name;  // what /v1/models reports
+  int max_generate = 4096;
+  int max_draft = 64;
+  int max_top_n = 20;
+  int max_sse_clients = 256;
+};
+
+class Api {
+ public:
+  Api(Scheduler& scheduler, Metrics& metrics, const ApiOptions& options);
+  // Answers one request; runs on an I/O thread.
+  void handle(const HttpRequest& req, std::shared_ptr<Responder> res);
+  // Stops taking model work (SIGTERM): later requests get 503.
+  void set_draining() { draining_ = true; }
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+  std::atomic<bool> draining_{false};
+};
+
+// Parses a request body as the native protocol's step (for the fuzzer and tests): throws
+// ApiError-derived tandem::Error naming the field for anything malformed.
+void parse_step_for_fuzzing(const std::string& body, int n_vocab);
+void parse_completion_for_fuzzing(const std::string& body, int n_vocab);
+
+}  // namespace tandem::server

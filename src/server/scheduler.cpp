@@ -1,0 +1,539 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "common/error.h"
+#include "model/model_config.h"
+#include "server/metrics.h"
+
+namespace tandem::server {
+namespace {
+
+constexpr size_t kLostMemory = 4096;  // how many lost session ids keep their reason
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metrics& metrics)
+    : model_(model), options_(options), metrics_(metrics) {
+  const ModelConfig& c = model.config();
+  kv_bytes_per_token_ = static_cast<uint64_t>(c.n_layer) * (c.kv_dim() + c.v_dim()) * sizeof(float);
+  if (options_.max_sessions < 1 || options_.stateless_slots < 1) {
+    throw Error("the server needs at least one session slot and one stateless slot");
+  }
+  if (options_.batch_tokens < 1) throw Error("the batch token budget must be at least 1");
+  ContextParams cp;
+  cp.n_ctx = options_.n_ctx;
+  cp.n_seq = options_.max_sessions + options_.stateless_slots;
+  cp.n_threads = options_.n_threads;
+  ctx_ = std::make_unique<Context>(model, cp);
+  options_.n_ctx = ctx_->n_ctx();
+  const uint64_t full = kv_bytes_per_token_ * options_.n_ctx * cp.n_seq;
+  if (options_.kv_cap_bytes == 0 || options_.kv_cap_bytes > full) options_.kv_cap_bytes = full;
+  if (options_.kv_cap_bytes < kv_bytes_per_token_ * 2) {
+    throw Error("--kv-cap " + std::to_string(options_.kv_cap_bytes) +
+                " bytes holds less than two tokens (one token takes " +
+                std::to_string(kv_bytes_per_token_) + " bytes)");
+  }
+  for (int s = options_.max_sessions - 1; s >= 0; --s) free_session_slots_.push_back(s);
+  for (int i = 0; i < options_.stateless_slots; ++i) {
+    stateless_.push_back({options_.max_sessions + i, {}, false, Clock::now()});
+  }
+  slot_len_.assign(cp.n_seq, 0);
+  slot_target_.assign(cp.n_seq, 0);
+  std::random_device rd;
+  id_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  engine_ = std::thread([this] { engine_loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+    draining_ = true;
+  }
+  wake_.notify_all();
+  if (engine_.joinable()) engine_.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions
+
+std::optional<std::string> Scheduler::create_session() {
+  std::lock_guard lk(mu_);
+  if (draining_) return std::nullopt;
+  expire_idle_locked();
+  if (free_session_slots_.empty()) {
+    // Evict the least recently used idle session.
+    Session* lru = nullptr;
+    for (auto& [id, s] : sessions_) {
+      if (!s.busy && (!lru || s.last_used < lru->last_used)) lru = &s;
+    }
+    if (!lru) return std::nullopt;
+    evict_locked(*lru, "evicted");
+  }
+  Session s;
+  s.slot = free_session_slots_.back();
+  free_session_slots_.pop_back();
+  // Ids are unguessable (a salted counter through splitmix) so one device cannot step another's.
+  uint64_t z = id_salt_ + 0x9E3779B97F4A7C15ull * ++next_id_;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  s.id = hex64(z ^ (z >> 31)) + hex64(next_id_ ^ id_salt_);
+  slots_to_release_.push_back(s.slot);
+  const std::string id = s.id;
+  sessions_.emplace(id, std::move(s));
+  metrics_.sessions_open = static_cast<int64_t>(sessions_.size());
+  wake_.notify_all();
+  return id;
+}
+
+bool Scheduler::close_session(const std::string& id) {
+  std::lock_guard lk(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return false;
+  if (it->second.busy) {
+    it->second.close_requested = true;  // the running step finishes, then the session goes
+    return true;
+  }
+  forget_locked(id, "closed");
+  return true;
+}
+
+std::string Scheduler::lost_reason(const std::string& id) const {
+  std::lock_guard lk(mu_);
+  auto it = lost_.find(id);
+  return it == lost_.end() ? "unknown" : it->second;
+}
+
+std::vector<SessionInfo> Scheduler::list_sessions() const {
+  std::lock_guard lk(mu_);
+  std::vector<SessionInfo> out;
+  const auto now = Clock::now();
+  for (const auto& [id, s] : sessions_) {
+    out.push_back({id, static_cast<int>(s.history.size()),
+                   std::chrono::duration<double>(now - s.last_used).count(),
+                   static_cast<uint64_t>(slot_len_[s.slot]) * kv_bytes_per_token_});
+  }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.idle_s < b.idle_s; });
+  return out;
+}
+
+size_t Scheduler::open_sessions() const {
+  std::lock_guard lk(mu_);
+  return sessions_.size();
+}
+
+StepCheck Scheduler::begin_step(const std::string& id, int expected_pos,
+                                std::span<const TokenId> append, int extra_tokens, int* pos,
+                                int* kv_len, std::vector<TokenId>* uncached) {
+  std::lock_guard lk(mu_);
+  expire_idle_locked();
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return StepCheck::Lost;
+  Session& s = it->second;
+  *pos = static_cast<int>(s.history.size());
+  if (s.busy) return StepCheck::Busy;
+  if (expected_pos != *pos) return StepCheck::PositionMismatch;
+  const size_t total = s.history.size() + append.size() + static_cast<size_t>(extra_tokens);
+  if (total > static_cast<size_t>(options_.n_ctx)) return StepCheck::TooLong;
+  s.history.insert(s.history.end(), append.begin(), append.end());
+  s.busy = true;
+  s.last_used = Clock::now();
+  *pos = static_cast<int>(s.history.size());
+  *kv_len = s.kv_len;
+  uncached->assign(s.history.begin() + s.kv_len, s.history.end());
+  return StepCheck::Ok;
+}
+
+void Scheduler::abort_step(const std::string& id, int length) {
+  std::lock_guard lk(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  Session& s = it->second;
+  if (length >= s.kv_len && length <= static_cast<int>(s.history.size())) s.history.resize(length);
+  s.busy = false;
+}
+
+void Scheduler::session_append(const std::string& id, std::span<const TokenId> produced) {
+  std::lock_guard lk(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  it->second.history.insert(it->second.history.end(), produced.begin(), produced.end());
+}
+
+void Scheduler::evict_locked(Session& s, const char* reason) {
+  ++metrics_.evictions;
+  forget_locked(s.id, reason);
+}
+
+void Scheduler::forget_locked(const std::string& id, const char* reason) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  const int slot = it->second.slot;
+  sessions_.erase(it);
+  free_session_slots_.push_back(slot);
+  slots_to_release_.push_back(slot);
+  slot_target_[slot] = 0;
+  lost_[id] = reason;
+  lost_order_.push_back(id);
+  while (lost_order_.size() > kLostMemory) {
+    lost_.erase(lost_order_.front());
+    lost_order_.pop_front();
+  }
+  metrics_.sessions_open = static_cast<int64_t>(sessions_.size());
+}
+
+void Scheduler::expire_idle_locked() {
+  const auto now = Clock::now();
+  if (now - last_expiry_ < std::chrono::milliseconds(200)) return;
+  last_expiry_ = now;
+  std::vector<std::string> expired;
+  for (const auto& [id, s] : sessions_) {
+    if (!s.busy &&
+        std::chrono::duration<double>(now - s.last_used).count() > options_.idle_timeout_s) {
+      expired.push_back(id);
+    }
+  }
+  for (const auto& id : expired) {
+    ++metrics_.expirations;
+    forget_locked(id, "expired");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Jobs
+
+bool Scheduler::submit(std::shared_ptr<Job> job) {
+  {
+    std::lock_guard lk(mu_);
+    if (draining_) return false;
+    if (pending_.size() + active_count_ >= static_cast<size_t>(options_.max_queue)) return false;
+    job->enqueued = Clock::now();
+    pending_.push_back(std::move(job));
+    metrics_.queue_length = static_cast<int64_t>(pending_.size() + active_count_);
+  }
+  wake_.notify_all();
+  return true;
+}
+
+size_t Scheduler::queue_length() const {
+  std::lock_guard lk(mu_);
+  return pending_.size() + active_count_;
+}
+
+uint64_t Scheduler::kv_tokens_locked() const {
+  uint64_t n = 0;
+  for (size_t s = 0; s < slot_len_.size(); ++s) {
+    n += static_cast<uint64_t>(std::max(slot_len_[s], slot_target_[s]));
+  }
+  return n;
+}
+
+uint64_t Scheduler::kv_bytes_in_use() const {
+  std::lock_guard lk(mu_);
+  return kv_tokens_locked() * kv_bytes_per_token_;
+}
+
+// Frees KV positions until `need_tokens` more fit under the cap: first cached prefixes of idle
+// stateless slots, then idle sessions, least recently used first. `keep` is never evicted.
+bool Scheduler::make_room_locked(uint64_t need_tokens, const Session* keep) {
+  const uint64_t cap = options_.kv_cap_bytes / kv_bytes_per_token_;
+  while (kv_tokens_locked() + need_tokens > cap) {
+    StatelessSlot* lru_slot = nullptr;
+    for (auto& st : stateless_) {
+      if (!st.busy && slot_len_[st.slot] > 0 && (!lru_slot || st.last_used < lru_slot->last_used)) {
+        lru_slot = &st;
+      }
+    }
+    if (lru_slot) {
+      lru_slot->cached.clear();
+      ctx_->release(lru_slot->slot);
+      slot_len_[lru_slot->slot] = 0;
+      continue;
+    }
+    Session* lru = nullptr;
+    for (auto& [id, s] : sessions_) {
+      if (!s.busy && &s != keep && slot_len_[s.slot] > 0 &&
+          (!lru || s.last_used < lru->last_used)) {
+        lru = &s;
+      }
+    }
+    if (!lru) return false;
+    const int slot = lru->slot;
+    evict_locked(*lru, "evicted");
+    ctx_->release(slot);
+    slot_len_[slot] = 0;
+  }
+  return true;
+}
+
+void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
+  for (int slot : slots_to_release_) {
+    ctx_->release(slot);
+    slot_len_[slot] = 0;
+  }
+  slots_to_release_.clear();
+  const uint64_t cap_tokens = options_.kv_cap_bytes / kv_bytes_per_token_;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    std::shared_ptr<Job> job = *it;
+    if (job->cancelled) {
+      it = pending_.erase(it);
+      job->on_finish(JobFailure::Cancelled, "cancelled");
+      continue;
+    }
+    if (!job->session_id.empty()) {
+      auto sit = sessions_.find(job->session_id);
+      if (sit == sessions_.end()) {  // closed or evicted while queued
+        it = pending_.erase(it);
+        job->on_finish(JobFailure::Internal, "the session was lost while its step waited");
+        continue;
+      }
+      Session& s = sit->second;
+      job->slot = s.slot;
+      ctx_->truncate(s.slot, s.kv_len);
+      slot_len_[s.slot] = ctx_->seq_length(s.slot);
+      const uint64_t need = job->feed.size() + job->reserve_tokens;
+      if (need > cap_tokens || !make_room_locked(need, &s)) {
+        it = pending_.erase(it);
+        ++metrics_.rejected_overload;
+        job->on_finish(JobFailure::NoMemory, "the KV memory cap leaves no room for this step");
+        continue;
+      }
+      slot_target_[s.slot] = slot_len_[s.slot] + static_cast<int>(need);
+    } else {
+      // The free stateless slot whose cache shares the longest prefix with the job's tokens.
+      StatelessSlot* best = nullptr;
+      size_t best_common = 0;
+      for (auto& st : stateless_) {
+        if (st.busy) continue;
+        size_t common = 0;
+        const size_t limit =
+            std::min({st.cached.size(), job->prefix_key.size() - 1, job->max_reuse});
+        while (common < limit && st.cached[common] == job->prefix_key[common]) ++common;
+        if (!best || common > best_common ||
+            (common == best_common && st.last_used < best->last_used)) {
+          best = &st;
+          best_common = common;
+        }
+      }
+      if (!best) {
+        ++it;  // every stateless slot is busy: wait
+        continue;
+      }
+      const uint64_t need = job->prefix_key.size() - best_common + job->reserve_tokens;
+      best->busy = true;  // keeps make_room from dropping this slot
+      ctx_->truncate(best->slot, static_cast<int>(best_common));
+      best->cached.resize(best_common);
+      slot_len_[best->slot] = static_cast<int>(best_common);
+      if (need > cap_tokens || !make_room_locked(need, nullptr)) {
+        best->busy = false;
+        it = pending_.erase(it);
+        ++metrics_.rejected_overload;
+        job->on_finish(JobFailure::NoMemory, "the KV memory cap leaves no room for this request");
+        continue;
+      }
+      job->slot = best->slot;
+      job->cached = static_cast<int>(best_common);
+      metrics_.cached_prompt_tokens += best_common;
+      slot_target_[best->slot] = static_cast<int>(best_common + need);
+    }
+    it = pending_.erase(it);
+    job->on_admit();
+    active.push_back(job);
+    ++active_count_;
+  }
+  metrics_.kv_bytes_in_use = static_cast<int64_t>(kv_tokens_locked() * kv_bytes_per_token_);
+}
+
+void Scheduler::finish_job(const std::shared_ptr<Job>& job, JobFailure failure,
+                           const std::string& msg) {
+  {
+    std::lock_guard lk(mu_);
+    const int slot = job->slot;
+    if (!job->session_id.empty()) {
+      auto it = sessions_.find(job->session_id);
+      if (it != sessions_.end()) {
+        Session& s = it->second;
+        if (failure == JobFailure::None && job->keep_after >= 0) {
+          ctx_->truncate(slot, job->keep_after);
+        }
+        // Whatever happened, the cache holds a prefix of the history (drafts beyond it dropped).
+        const int keep = std::min<int>(ctx_->seq_length(slot), static_cast<int>(s.history.size()));
+        ctx_->truncate(slot, keep);
+        s.kv_len = keep;
+        s.busy = false;
+        s.last_used = Clock::now();
+        if (s.close_requested) forget_locked(s.id, "closed");
+      }
+    } else if (slot >= 0) {
+      for (auto& st : stateless_) {
+        if (st.slot != slot) continue;
+        st.busy = false;
+        st.last_used = Clock::now();
+        if (failure != JobFailure::None) {  // do not trust a half-run cache
+          st.cached.clear();
+          ctx_->truncate(slot, 0);
+        }
+      }
+    }
+    if (slot >= 0) {
+      slot_len_[slot] = ctx_->seq_length(slot);
+      slot_target_[slot] = 0;
+    }
+    --active_count_;
+    metrics_.queue_length = static_cast<int64_t>(pending_.size() + active_count_);
+    metrics_.kv_bytes_in_use = static_cast<int64_t>(kv_tokens_locked() * kv_bytes_per_token_);
+  }
+  job->on_finish(failure, msg);
+  drained_.notify_all();
+}
+
+// One decode batch: a row from every job that is generating (one token left to feed), then
+// prefill chunks in arrival order, within the token budget.
+void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
+  struct Take {
+    size_t job;
+    size_t begin, count;
+  };
+  std::vector<Take> takes;
+  std::vector<BatchToken> batch;
+  std::vector<std::pair<size_t, size_t>> rows;  // batch index -> (take, feed index)
+  int budget = options_.batch_tokens;
+
+  for (size_t j = 0; j < active.size();) {
+    if (active[j]->cancelled) {
+      std::shared_ptr<Job> job = active[j];
+      active.erase(active.begin() + static_cast<std::ptrdiff_t>(j));
+      finish_job(job, JobFailure::Cancelled, "cancelled");
+      continue;
+    }
+    ++j;
+  }
+  // Jobs with nothing (left) to feed finish without a batch: a sync step whose tokens are all
+  // cached already.
+  for (size_t j = 0; j < active.size();) {
+    if (active[j]->fed == active[j]->feed.size() && !active[j]->on_feed_done()) {
+      std::shared_ptr<Job> job = active[j];
+      active.erase(active.begin() + static_cast<std::ptrdiff_t>(j));
+      finish_job(job, JobFailure::None, "");
+      continue;
+    }
+    ++j;
+  }
+  std::vector<size_t> order(active.size());
+  for (size_t j = 0; j < active.size(); ++j) order[j] = j;
+  std::stable_partition(order.begin(), order.end(),
+                        [&](size_t j) { return active[j]->feed.size() - active[j]->fed <= 1; });
+  for (size_t j : order) {
+    Job& job = *active[j];
+    const size_t left = job.feed.size() - job.fed;
+    const size_t take = std::min<size_t>(left, static_cast<size_t>(budget));
+    if (take == 0) {
+      if (budget == 0) break;
+      continue;
+    }
+    const int pos0 = ctx_->seq_length(job.slot);
+    for (size_t i = 0; i < take; ++i) {
+      const FeedToken& f = job.feed[job.fed + i];
+      if (f.want_logits) rows.push_back({takes.size(), job.fed + i});
+      batch.push_back({f.id, pos0 + static_cast<int32_t>(i), job.slot, f.want_logits, false});
+    }
+    takes.push_back({j, job.fed, take});
+    budget -= static_cast<int>(take);
+  }
+  if (batch.empty()) return;
+
+  metrics_.batch_tokens.observe(static_cast<double>(batch.size()));
+  metrics_.batch_jobs.observe(static_cast<double>(takes.size()));
+  metrics_.queue_depth.observe(static_cast<double>(metrics_.queue_length.load()));
+  try {
+    ctx_->decode(batch);
+  } catch (const std::exception& e) {
+    // Validation happened at admission, so this is a bug: fail the jobs, keep serving.
+    std::vector<std::shared_ptr<Job>> failed;
+    for (const Take& t : takes) failed.push_back(active[t.job]);
+    for (auto& job : failed) {
+      active.erase(std::find(active.begin(), active.end(), job));
+      finish_job(job, JobFailure::Internal, e.what());
+    }
+    return;
+  }
+  metrics_.prompt_tokens += batch.size();
+  {
+    std::lock_guard lk(mu_);
+    for (const Take& t : takes) {
+      Job& job = *active[t.job];
+      slot_len_[job.slot] = ctx_->seq_length(job.slot);
+      if (job.session_id.empty()) {
+        for (StatelessSlot& st : stateless_) {
+          if (st.slot != job.slot) continue;
+          for (size_t i = 0; i < t.count; ++i) st.cached.push_back(job.feed[t.begin + i].id);
+        }
+      }
+    }
+  }
+  size_t row_of_batch = 0;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    if (!batch[b].want_logits) continue;
+    const auto [take, feed_index] = rows[row_of_batch++];
+    active[takes[take].job]->on_logits(feed_index, ctx_->logits(static_cast<int>(b)));
+  }
+  std::vector<std::shared_ptr<Job>> done;
+  for (const Take& t : takes) {
+    Job& job = *active[t.job];
+    job.fed += t.count;
+    if (job.fed == job.feed.size()) {
+      if (job.cancelled || !job.on_feed_done()) done.push_back(active[t.job]);
+    }
+  }
+  for (auto& job : done) {
+    active.erase(std::find(active.begin(), active.end(), job));
+    finish_job(job, job->cancelled ? JobFailure::Cancelled : JobFailure::None, "");
+  }
+}
+
+void Scheduler::engine_loop() {
+  std::vector<std::shared_ptr<Job>> active;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      expire_idle_locked();
+      if (active.empty()) {
+        wake_.wait_for(lk, std::chrono::milliseconds(500),
+                       [&] { return stop_ || !pending_.empty() || !slots_to_release_.empty(); });
+      }
+      if (stop_ && pending_.empty() && active.empty()) break;
+      admit_locked(active);
+      if (active.empty() && !pending_.empty()) {
+        // Everything is free and these still do not fit: they never will.
+        while (!pending_.empty()) {
+          auto job = pending_.front();
+          pending_.pop_front();
+          lk.unlock();
+          job->on_finish(JobFailure::NoMemory, "no slot or KV memory for this request");
+          lk.lock();
+        }
+      }
+      metrics_.queue_length = static_cast<int64_t>(pending_.size() + active_count_);
+    }
+    if (!active.empty()) run_batch(active);
+    drained_.notify_all();
+  }
+  for (auto& job : active) job->on_finish(JobFailure::Draining, "the server is shutting down");
+}
+
+void Scheduler::drain() {
+  std::unique_lock lk(mu_);
+  draining_ = true;
+  drained_.wait(lk, [&] { return pending_.empty() && active_count_ == 0; });
+}
+
+}  // namespace tandem::server
