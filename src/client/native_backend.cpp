@@ -74,6 +74,13 @@ T field(const json& j, const char* name, const std::string& what) {
   }
 }
 
+// "general.name (file.gguf)": both, as either may be what the user recognises.
+std::string edge_model_name(const Model& m) {
+  const std::string file = m.info().path.substr(m.info().path.find_last_of('/') + 1);
+  if (m.info().name.empty()) return file;
+  return m.info().name + " (" + file + ")";
+}
+
 class NativeBackend : public CloudBackend {
  public:
   NativeBackend(const CloudOptions& options, const Model& edge)
@@ -81,7 +88,7 @@ class NativeBackend : public CloudBackend {
         http_(net::parse_url(options.url), net::HttpOptions{.insecure = options.insecure,
                                                             .ca_file = options.ca_file,
                                                             .api_key = options.api_key}),
-        edge_name_(edge.info().name.empty() ? edge.info().path : edge.info().name),
+        edge_name_(edge_model_name(edge)),
         edge_n_vocab_(edge.tokenizer().n_vocab()),
         edge_hash_(vocab_hash_hex(edge.tokenizer().fingerprint())) {}
 
@@ -155,6 +162,13 @@ class NativeBackend : public CloudBackend {
       const json j = parse_answer(r, what);
       if (r.status == 409) {
         const json& e = j.contains("error") && j["error"].is_object() ? j["error"] : j;
+        if (e.value("code", "") == "session_busy") {
+          // tandem serve answers this (not in protocol v1) while an earlier step of the session,
+          // whose answer the edge gave up on, still runs: its outcome is unknown, try later.
+          mirror_.assign(history.begin(), history.end());
+          throw CloudError(CloudError::Kind::Unavailable,
+                           what + ": the session is still running an earlier step", 0.05);
+        }
         const long pos = e.contains("pos") && e["pos"].is_number_integer()   ? e["pos"].get<long>()
                          : j.contains("pos") && j["pos"].is_number_integer() ? j["pos"].get<long>()
                                                                              : -1;
