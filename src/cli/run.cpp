@@ -141,6 +141,8 @@ class RunCommand : public Command {
     sub_->add_option("--system", system_, "System message (with --chat or -i)");
     sub_->add_flag("-i,--interactive", interactive_,
                    "Multi-turn chat on stdin; the cloud session carries over between turns");
+    sub_->add_flag("--verbose-prompt", verbose_prompt_,
+                   "Print each turn's context token ids to stderr");
     sub_->add_flag("--json", json_,
                    "Print {\"text\",\"ids\",\"source\",\"score\",\"stats\"} on stdout");
   }
@@ -224,6 +226,12 @@ class RunCommand : public Command {
   }
 
  private:
+  void show_prompt(std::span<const TokenId> ids) const {
+    if (!verbose_prompt_) return;
+    for (TokenId id : ids) std::fprintf(stderr, "%d ", id);
+    std::fprintf(stderr, "\n");
+  }
+
   EdgeTokenCallback printer() {
     return [this](const EdgeToken& t, std::string_view piece) {
       if (json_ || piece.empty()) return true;
@@ -287,6 +295,7 @@ class RunCommand : public Command {
         const auto more = tok.encode(delta, false, true);
         ids.insert(ids.end(), more.begin(), more.end());
       }
+      show_prompt(ids);
       const EdgeResult r = edge.generate(ids, n_predict_, printer());
       if (json_) {
         nlohmann::json j;
@@ -326,7 +335,7 @@ class RunCommand : public Command {
   int n_predict_ = 128;
   long long seed_ = -1;
   bool no_sync_ahead_ = false, color_ = false, chat_ = false, interactive_ = false, json_ = false,
-       colour_ = false;
+       colour_ = false, verbose_prompt_ = false;
 };
 
 }  // namespace
