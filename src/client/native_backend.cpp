@@ -52,6 +52,13 @@ json parse_answer(const net::HttpResponse& r, const std::string& what) {
   return j;
 }
 
+// An error answer's body: JSON when the server wrote it, anything when a proxy did.
+json parse_error_body(const net::HttpResponse& r) {
+  json j = json::parse(r.body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return json{{"error", {{"message", short_body(r.body)}}}};
+  return j;
+}
+
 std::string error_message(const json& j) {
   if (j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
       j["error"]["message"].is_string()) {
@@ -159,7 +166,7 @@ class NativeBackend : public CloudBackend {
         ++counters_.steps;
         return out;
       }
-      const json j = parse_answer(r, what);
+      const json j = parse_error_body(r);
       if (r.status == 409) {
         const json& e = j.contains("error") && j["error"].is_object() ? j["error"] : j;
         if (e.value("code", "") == "session_busy") {
@@ -234,6 +241,14 @@ class NativeBackend : public CloudBackend {
       return http_.request(method, target, body,
                            milliseconds(static_cast<long>(options_.timeout_s * 1000)));
     } catch (const net::NetError& e) {
+      // An untrusted certificate does not heal by retrying: stop and say what to do.
+      if (e.kind() == net::NetError::Kind::Tls &&
+          std::string_view(e.what()).find("verify") != std::string_view::npos) {
+        throw CloudError(CloudError::Kind::Fatal,
+                         std::string(e.what()) +
+                             " (pass --ca-file with the server's CA, or --insecure for a "
+                             "self-signed test certificate)");
+      }
       throw CloudError(CloudError::Kind::Unavailable, e.what());
     }
   }
@@ -258,8 +273,8 @@ class NativeBackend : public CloudBackend {
     mirror_.clear();
     const net::HttpResponse r = send("POST", kSessions, R"({"protocol":1})");
     const std::string what = "creating a cloud session at " + http_.url().origin();
+    if (r.status != 201 && r.status != 200) throw status_error(r, parse_error_body(r), what);
     const json j = parse_answer(r, what);
-    if (r.status != 201 && r.status != 200) throw status_error(r, j, what);
     CloudModelInfo info;
     try {
       const json& m = j.at("model");

@@ -16,6 +16,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "common/testdata.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
@@ -72,7 +74,8 @@ int free_port() {
 
 class ServeProcess {
  public:
-  explicit ServeProcess(std::string model) : model_(std::move(model)) {}
+  explicit ServeProcess(std::string model, std::vector<std::string> extra = {}, bool tls = false)
+      : model_(std::move(model)), extra_(std::move(extra)), tls_(tls) {}
   ~ServeProcess() { kill_now(); }
 
   // Starts the server (on a new free port unless `same_port`) and waits for /health.
@@ -90,9 +93,14 @@ class ServeProcess {
           dup2(fd, 2);
         }
         const std::string port = std::to_string(port_);
-        execl(TANDEM_BINARY, TANDEM_BINARY, "serve", "-m", model_.c_str(), "--host", "127.0.0.1",
-              "--port", port.c_str(), "-t", "1", "--http-threads", "2",
-              static_cast<char*>(nullptr));
+        std::vector<std::string> args = {TANDEM_BINARY,    "serve",  "-m", model_, "--host",
+                                         "127.0.0.1",      "--port", port, "-t",   "1",
+                                         "--http-threads", "2"};
+        args.insert(args.end(), extra_.begin(), extra_.end());
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execv(TANDEM_BINARY, argv.data());
         _exit(127);
       }
       if (wait_healthy()) return;
@@ -109,11 +117,13 @@ class ServeProcess {
     pid_ = -1;
   }
 
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string url() const {
+    return (tls_ ? "https" : "http") + std::string("://127.0.0.1:") + std::to_string(port_);
+  }
 
  private:
   bool wait_healthy() {
-    net::HttpClient http(net::parse_url(url()), {});
+    net::HttpClient http(net::parse_url(url()), {.insecure = true});
     for (int i = 0; i < 300; ++i) {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -130,6 +140,8 @@ class ServeProcess {
   }
 
   std::string model_;
+  std::vector<std::string> extra_;
+  bool tls_ = false;
   std::string log_;
   int port_ = 0;
   pid_t pid_ = -1;
@@ -607,6 +619,148 @@ TEST_F(EdgeCloudTest, MisbehavingCloudFallsBackWithoutCuttingTheAnswer) {
     EXPECT_GT(bad.steps(), 0);
     EXPECT_LT(s, 20.0);  // backoff keeps a dead cloud from costing a timeout per token
   }
+}
+
+TEST_F(EdgeCloudTest, HttpsWithSelfSignedCertificate) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tandem-tls-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -keyout " + key + " -out " +
+                          cert +
+                          " -days 1 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 "
+                          ">/dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "no openssl command to make a certificate";
+  ServeProcess serve(cloud_model_path(), {"--ssl-cert", cert, "--ssl-key", key}, /*tls=*/true);
+  serve.start();
+  CloudOptions c;
+  c.url = serve.url();
+  // Not trusted: refused with a message that says how to proceed.
+  {
+    EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "always"),
+                     make_cloud_backend(c, *edge_model_));
+    try {
+      edge.start();
+      FAIL() << "an untrusted certificate was accepted";
+    } catch (const CloudError& e) {
+      EXPECT_EQ(e.kind(), CloudError::Kind::Fatal);
+      EXPECT_NE(std::string(e.what()).find("--insecure"), std::string::npos) << e.what();
+    }
+  }
+  for (int trusted : {0, 1}) {
+    CloudOptions t = c;
+    if (trusted) {
+      t.ca_file = cert;
+    } else {
+      t.insecure = true;
+    }
+    EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "always"),
+                     make_cloud_backend(t, *edge_model_));
+    edge.start();
+    const EdgeResult r = edge.generate(prompt_, kN);
+    EXPECT_EQ(r.ids, cloud_greedy_) << (trusted ? "--ca-file" : "--insecure");
+    EXPECT_EQ(r.stats.fallbacks, 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(EdgeCloudTest, ApiKeyIsSentAndAWrongOneStops) {
+  ServeProcess serve(cloud_model_path(), {"--api-key", "sesame"});
+  serve.start();
+  CloudOptions c;
+  c.url = serve.url();
+  c.api_key = "wrong";
+  EdgeDecoder refused(*edge_model_, edge_options(EdgeMode::Route, "always"),
+                      make_cloud_backend(c, *edge_model_));
+  try {
+    const std::string line = refused.start();
+    FAIL() << "a wrong API key was accepted: " << line;
+  } catch (const CloudError& e) {
+    EXPECT_EQ(e.kind(), CloudError::Kind::Fatal);
+    EXPECT_NE(std::string(e.what()).find("401"), std::string::npos) << e.what();
+  }
+  c.api_key = "sesame";
+  EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "always"),
+                   make_cloud_backend(c, *edge_model_));
+  edge.start();
+  EXPECT_EQ(edge.generate(prompt_, kN).ids, cloud_greedy_);
+}
+
+// ---- the command line ----
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+TEST_F(EdgeCloudTest, RunCommandJsonFollowsTheContract) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  const std::string base = std::string(TANDEM_BINARY) + " run -m " + edge_model_path() +
+                           " --cloud " + serve.url() + " -p 'The quick brown fox' -n 40 " +
+                           "--temp 0 -t 1 --json 2>/dev/null";
+  const auto j = nlohmann::json::parse(run_command(base + " --mode route --policy always"));
+  EXPECT_EQ(j["ids"].get<std::vector<TokenId>>(), cloud_greedy_);
+  ASSERT_EQ(j["source"].size(), j["ids"].size());
+  ASSERT_EQ(j["score"].size(), j["ids"].size());
+  EXPECT_EQ(j["source"][0], "cloud");
+  EXPECT_TRUE(j["text"].is_string());
+  for (const char* key :
+       {"tokens", "cloud_tokens", "cloud_share", "route_events", "bytes_up", "bytes_down",
+        "cloud_ms", "local_ms", "ttft_ms", "tok_s", "fallbacks", "replays", "accepted_drafts"}) {
+    EXPECT_TRUE(j["stats"].contains(key)) << key;
+  }
+  EXPECT_EQ(j["stats"]["cloud_share"].get<double>(), 1.0);
+  const auto spec = nlohmann::json::parse(run_command(base + " --mode speculative --draft 3"));
+  EXPECT_EQ(spec["ids"].get<std::vector<TokenId>>(), cloud_greedy_);
+  const auto local = nlohmann::json::parse(run_command(base + " --mode local"));
+  EXPECT_EQ(local["ids"].get<std::vector<TokenId>>(), edge_greedy_);
+}
+
+TEST_F(EdgeCloudTest, RunCommandInteractiveCarriesTheSessionOver) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  const std::string cmd = "printf 'second question\\nthird\\n' | " + std::string(TANDEM_BINARY) +
+                          " run -m " + testdata_path("models/synth-gemma3-Q4_K_M.gguf") +
+                          " --cloud " + serve.url() +
+                          " -i -p 'first question' -n 12 --temp 0 -t 1 --json --mode route "
+                          "--policy random:0.5:1 2>/dev/null";
+  const std::string out = run_command(cmd);
+  std::vector<nlohmann::json> turns;
+  size_t start = 0;
+  for (size_t nl; (nl = out.find('\n', start)) != std::string::npos; start = nl + 1) {
+    if (nl > start) turns.push_back(nlohmann::json::parse(out.substr(start, nl - start)));
+  }
+  ASSERT_EQ(turns.size(), 3u) << out;
+  for (const auto& t : turns) {
+    EXPECT_EQ(t["stats"]["replays"], 0);
+    EXPECT_EQ(t["stats"]["fallbacks"], 0);
+    EXPECT_GT(t["stats"]["tokens"].get<int>(), 0);
+  }
+}
+
+TEST(RunCommand, BadFlagsAreNamed) {
+  const std::string bin = TANDEM_BINARY;
+  const std::string m = " -m " + testing::testdata_path("models/synth-llama-Q4_K_M.gguf");
+  EXPECT_NE(run_command(bin + " run" + m + " --mode route -p x 2>&1").find("--cloud"),
+            std::string::npos);
+  EXPECT_NE(run_command(bin + " run" + m + " --mode sideways -p x 2>&1").find("sideways"),
+            std::string::npos);
+  EXPECT_NE(run_command(bin + " run" + m + " --policy nope -p x 2>&1").find("nope"),
+            std::string::npos);
+  EXPECT_NE(run_command(bin + " run" + m +
+                        " --mode route --cloud http://127.0.0.1:1 --cloud-api sglang -p x 2>&1")
+                .find("not yet supported"),
+            std::string::npos);
+  EXPECT_NE(
+      run_command(bin + " run" + m + " --mode route --cloud nonsense -p x 2>&1").find("nonsense"),
+      std::string::npos);
 }
 
 }  // namespace
