@@ -31,9 +31,22 @@ if grep -q '^fuzz_tokenizer:' <(cmake --build "$BUILD" --target help 2>/dev/null
 fi
 
 # ---- seed corpora ---------------------------------------------------------------------------------
+if grep -q '^fuzz_api:' <(cmake --build "$BUILD" --target help 2>/dev/null | sed 's/^\.\.\. //;s/:.*$/:/'); then
+  cmake --build "$BUILD" -j "$JOBS" --target fuzz_api >&2
+fi
+
 SEEDS=$BUILD/seeds
 rm -rf "$SEEDS"
-mkdir -p "$SEEDS/fuzz_gguf" "$SEEDS/fuzz_tokenizer"
+mkdir -p "$SEEDS/fuzz_gguf" "$SEEDS/fuzz_tokenizer" "$SEEDS/fuzz_api"
+# Request bodies: valid steps and completions, and near misses.
+n=0
+for body in '{"expected_pos":0,"append":[1,2,3],"generate":{"n":4,"temperature":0.7,"top_p":0.9,"seed":1},"top_n":2}' \
+  '{"expected_pos":12,"verify":{"draft":[5,6,7]}}' '{"expected_pos":3}' '{"expected_pos":0,"append":[]}' \
+  '{"prompt":[1,2,3],"max_tokens":5,"stop":["a","bc"],"temperature":0,"stream":true}' \
+  '{"prompt":"hi","max_tokens":1e3,"top_p":2}' '{"expected_pos":1.5,"append":[1e9]}'; do
+  printf '%s' "$body" >"$SEEDS/fuzz_api/seed$n.json"
+  n=$((n + 1))
+done
 shopt -s nullglob
 GGUFS=("$SHARED"/testdata/models/*.gguf "$SHARED"/testdata/tokenizers/*.gguf)
 [[ ${#GGUFS[@]} -gt 0 ]] || log "warning: no GGUF under $SHARED/testdata; synthetic seeds only"

@@ -82,6 +82,25 @@ setup_arm() {
     "qemu-aarch64 -L /usr/aarch64-linux-gnu ./test"
 }
 
+# Python packages for the tests (the official `openai` client talks to `tandem serve`), in a
+# virtual environment of their own under the tandem cache so nothing system-wide changes.
+VENV=${TANDEM_CACHE:-$HOME/.cache/tandem}/venv
+PY_PACKAGES=(openai)
+setup_python() {
+  if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating $VENV"
+    python3 -m venv "$VENV"
+  fi
+  local p missing=()
+  for p in "${PY_PACKAGES[@]}"; do
+    "$VENV/bin/python" -c "import $p" 2>/dev/null || missing+=("$p")
+  done
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    log "pip installing into $VENV: ${missing[*]}"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "${missing[@]}"
+  fi
+}
+
 main() {
   local arm=0 arg
   for arg in "$@"; do
@@ -98,6 +117,7 @@ main() {
     esac
   done
   apt_install "${PACKAGES[@]}"
+  setup_python
   if [[ $arm -eq 1 ]]; then setup_arm; fi
   log "done"
 }

@@ -77,7 +77,8 @@ class ServeCommand : public Command {
     sub_->add_option("--max-sse", api_.max_sse_clients, "Open streams at most")
         ->check(CLI::Range(1, 1 << 20))
         ->capture_default_str();
-    sub_->add_option("-t,--threads", sched_.n_threads, "Engine threads (default: all cores)");
+    sub_->add_option("-t,--threads", sched_.n_threads, "Engine threads (default: all cores)")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     sub_->add_option("--http-threads", http_threads_, "I/O threads")
         ->check(CLI::Range(1, 64))
         ->capture_default_str();

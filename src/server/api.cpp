@@ -444,6 +444,7 @@ struct CompletionRequest {
   bool stream = false;
   bool return_tokens = false;
   std::string model_name;
+  std::optional<std::string> prompt_text;  // the prompt as the client wrote it, for echo
 };
 
 std::vector<std::string> get_stop(const json& j, const char* name) {
@@ -619,6 +620,9 @@ class CompletionJob : public Job {
   };
 
   std::string piece(TokenId t) const { return tok_.token_to_piece(t); }
+  std::string echoed_prompt() const {
+    return req_.prompt_text ? *req_.prompt_text : tok_.decode(req_.prompt, /*remove_special=*/true);
+  }
 
   json openai_logprobs(size_t from_token, size_t to_token, size_t text_offset0) const {
     json lp = {{"tokens", json::array()},
@@ -719,7 +723,7 @@ class CompletionJob : public Job {
   }
 
   json whole_answer() const {
-    const std::string prompt_text = req_.echo ? tok_.decode(req_.prompt) : "";
+    const std::string prompt_text = req_.echo ? echoed_prompt() : "";
     switch (req_.dialect) {
       case Dialect::OpenAiText: {
         json choice = {{"index", 0},
@@ -806,7 +810,7 @@ class CompletionJob : public Job {
       res_->write(sse(chat_chunk(delta, nullptr)));
     }
     if (req_.echo && req_.dialect == Dialect::OpenAiText) {
-      res_->write(sse(text_chunk(tok_.decode(req_.prompt), nullptr, json(nullptr))));
+      res_->write(sse(text_chunk(echoed_prompt(), nullptr, json(nullptr))));
     }
   }
 
@@ -836,6 +840,11 @@ class CompletionJob : public Job {
     size_t safe = text_.size();
     if (!final && max_stop_ > 0)
       safe = text_.size() > max_stop_ - 1 ? text_.size() - (max_stop_ - 1) : 0;
+    // Never cut a UTF-8 character in two.
+    while (!final && safe > sent_ && safe < text_.size() &&
+           (static_cast<unsigned char>(text_[safe]) & 0xC0) == 0x80) {
+      --safe;
+    }
     if (safe <= sent_) {
       if (!final) return;
     }
@@ -1077,6 +1086,7 @@ struct Api::Impl {
         const json* p = field(j, "prompt");
         if (!p) throw bad("prompt", "is required");
         r.prompt = get_prompt(*p, "prompt", tok, n_vocab(), n_ctx());
+        if (p->is_string()) r.prompt_text = p->get<std::string>();
         r.max_tokens = static_cast<int>(get_int(j, "max_tokens", 16, 0, options.max_generate));
         r.sampling = get_sampling(j, 1.0);
         r.stop = get_stop(j, "stop");

@@ -174,7 +174,8 @@ void Scheduler::evict_locked(Session& s, const char* reason) {
   forget_locked(s.id, reason);
 }
 
-void Scheduler::forget_locked(const std::string& id, const char* reason) {
+void Scheduler::forget_locked(const std::string& id_ref, const char* reason) {
+  const std::string id = id_ref;  // id_ref may live in the session erased below
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   const int slot = it->second.slot;

@@ -1,0 +1,457 @@
+// `tandem serve` over real sockets on 127.0.0.1: every native protocol step and error code, the
+// compatible endpoints' basics, limits, auth, TLS and a drain on SIGTERM. Each test starts its
+// own server process on a testdata model.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "common/testdata.h"
+#include "model/model_config.h"
+#include "server_harness.h"
+#include "tandem/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem::testing {
+namespace {
+
+const char* kLlama = "models/synth-llama-Q8_0.gguf";
+
+std::string model_path(const char* rel = kLlama) {
+  return testdata_path(rel);
+}
+
+// Greedy continuation computed in this process, as `tandem generate --temp 0` does.
+std::vector<TokenId> local_greedy(const std::string& path, const std::vector<TokenId>& prompt,
+                                  int n) {
+  auto model = Model::load(path);
+  Context ctx(*model, {.n_ctx = 512, .n_seq = 1, .n_threads = 1});
+  SamplingParams sp;
+  sp.temp = 0;
+  Sampler sampler(sp);
+  return generate(ctx, prompt, n, sampler).ids;
+}
+
+std::vector<TokenId> prompt_ids(const std::string& path, const std::string& text) {
+  auto model = Model::load(path);
+  return model->tokenizer().encode(text, true, false);
+}
+
+std::string new_session(TestClient& c) {
+  const HttpResult r = c.post("/tandem/v1/sessions", json::object());
+  EXPECT_EQ(r.status, 201) << r.body;
+  return r.j()["session"].get<std::string>();
+}
+
+std::string step_path(const std::string& id) {
+  return "/tandem/v1/sessions/" + id + "/step";
+}
+
+std::vector<TokenId> ids_of(const json& j) {
+  return j["tokens"].get<std::vector<TokenId>>();
+}
+
+TEST(Server, InfoCarriesTheModelFingerprint) {
+  const std::string path = model_path();
+  ServerProcess server(path);
+  TestClient c = server.client();
+  const HttpResult r = c.get("/tandem/v1/info");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto model = Model::load(path);
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(model->tokenizer().fingerprint()));
+  EXPECT_EQ(r.j()["model"]["vocab_hash"], hash);
+  EXPECT_EQ(r.j()["model"]["n_vocab"], model->info().n_vocab);
+  EXPECT_EQ(r.j()["protocol"], 1);
+  const HttpResult s = c.post("/tandem/v1/sessions", json::object());
+  ASSERT_EQ(s.status, 201);
+  EXPECT_EQ(s.j()["pos"], 0);
+  EXPECT_EQ(s.j()["model"]["vocab_hash"], hash);
+}
+
+// A session's greedy output through steps equals `generate` on the same model, however the
+// steps are cut: one generate of 24, or append-then-generate-1 repeated, or sync then generate.
+TEST(Server, SessionStepsEqualLocalGreedy) {
+  for (const char* rel :
+       {kLlama, "models/synth-qwen2-Q4_K_M.gguf", "models/synth-gemma3-Q4_K_M.gguf"}) {
+    SCOPED_TRACE(rel);
+    const std::string path = model_path(rel);
+    const auto prompt = prompt_ids(path, "Once upon a time there was a small robot who");
+    const auto want = local_greedy(path, prompt, 24);
+    ASSERT_FALSE(want.empty());
+    ServerProcess server(path);
+    TestClient c = server.client();
+
+    const std::string a = new_session(c);
+    HttpResult r =
+        c.post(step_path(a), {{"expected_pos", 0}, {"append", prompt}, {"generate", {{"n", 24}}}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(ids_of(r.j()), want);
+    EXPECT_EQ(r.j()["pos"], prompt.size() + want.size());
+    EXPECT_EQ(r.j()["prefilled"], prompt.size());
+
+    // Token by token, the first step a sync (prefill only).
+    const std::string b = new_session(c);
+    r = c.post(step_path(b), {{"expected_pos", 0}, {"append", prompt}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.j()["pos"], prompt.size());
+    EXPECT_TRUE(r.j()["tokens"].empty());
+    std::vector<TokenId> got;
+    int pos = static_cast<int>(prompt.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      r = c.post(step_path(b), {{"expected_pos", pos}, {"generate", {{"n", 1}}}});
+      ASSERT_EQ(r.status, 200) << r.body;
+      got.push_back(ids_of(r.j()).at(0));
+      pos = r.j()["pos"];
+    }
+    EXPECT_EQ(got, want);
+
+    // The edge decides some tokens itself (here: the right ones) and pushes them before asking.
+    const std::string d = new_session(c);
+    std::vector<TokenId> first(prompt);
+    first.insert(first.end(), want.begin(), want.begin() + 5);
+    r = c.post(step_path(d), {{"expected_pos", 0}, {"append", first}});
+    ASSERT_EQ(r.status, 200);
+    r = c.post(step_path(d), {{"expected_pos", first.size()}, {"generate", {{"n", 19}}}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.j()["prefilled"], 1) << "only the last pushed token is left to run";
+    EXPECT_EQ(ids_of(r.j()), std::vector<TokenId>(want.begin() + 5, want.end()));
+  }
+}
+
+// Verify accepts exactly the matching prefix, answers the correction, and drops the rest.
+TEST(Server, VerifyAcceptsExactlyTheMatchingPrefix) {
+  const std::string path = model_path();
+  const auto prompt = prompt_ids(path, "The quick brown fox jumps over");
+  const auto want = local_greedy(path, prompt, 12);
+  ASSERT_GE(want.size(), 12u);
+  ServerProcess server(path);
+  TestClient c = server.client();
+  auto model = Model::load(path);
+  const int n_vocab = model->info().n_vocab;
+
+  for (int k = 0; k <= 4; ++k) {
+    SCOPED_TRACE("mismatch at draft " + std::to_string(k));
+    const std::string s = new_session(c);
+    std::vector<TokenId> draft(want.begin(), want.begin() + 5);
+    if (k < 5) draft[k] = (want[k] + 1) % n_vocab;
+    HttpResult r = c.post(
+        step_path(s),
+        {{"expected_pos", 0}, {"append", prompt}, {"verify", {{"draft", draft}}}, {"top_n", 3}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.j()["accepted"], k);
+    std::vector<TokenId> expect(want.begin(), want.begin() + k + 1);
+    EXPECT_EQ(ids_of(r.j()), expect);
+    EXPECT_EQ(r.j()["pos"], prompt.size() + k + 1);
+    EXPECT_EQ(r.j()["top"].size(), static_cast<size_t>(k + 1));
+    EXPECT_EQ(r.j()["top"][0][0]["id"], want[0]);
+    // Generation continues from the corrected history as if the rejected drafts never ran.
+    r = c.post(step_path(s), {{"expected_pos", prompt.size() + k + 1}, {"generate", {{"n", 4}}}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(ids_of(r.j()), std::vector<TokenId>(want.begin() + k + 1, want.begin() + k + 5));
+  }
+  // Every draft right: all accepted plus the next token.
+  const std::string s = new_session(c);
+  const std::vector<TokenId> draft(want.begin(), want.begin() + 6);
+  const HttpResult r = c.post(
+      step_path(s), {{"expected_pos", 0}, {"append", prompt}, {"verify", {{"draft", draft}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j()["accepted"], 6);
+  EXPECT_EQ(ids_of(r.j()), std::vector<TokenId>(want.begin(), want.begin() + 7));
+}
+
+TEST(Server, WrongPositionGets409WithTheServersPosition) {
+  ServerProcess server(model_path());
+  TestClient c = server.client();
+  const std::string s = new_session(c);
+  ASSERT_EQ(c.post(step_path(s), {{"expected_pos", 0}, {"append", {1, 2, 3}}}).status, 200);
+  const HttpResult r = c.post(step_path(s), {{"expected_pos", 7}, {"generate", {{"n", 1}}}});
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(r.j()["error"]["code"], "position_mismatch");
+  EXPECT_EQ(r.j()["error"]["pos"], 3);
+  // Resending from the server's position works.
+  EXPECT_EQ(c.post(step_path(s), {{"expected_pos", 3}, {"generate", {{"n", 1}}}}).status, 200);
+}
+
+TEST(Server, LostSessionsGet410NamingWhy) {
+  ServerProcess server(model_path(), {"--max-sessions", "2", "--idle-timeout", "1"});
+  TestClient c = server.client();
+  HttpResult r = c.post(step_path("0123456789abcdef"), {{"expected_pos", 0}});
+  EXPECT_EQ(r.status, 410);
+  EXPECT_EQ(r.j()["error"]["reason"], "unknown");
+
+  const std::string closed = new_session(c);
+  EXPECT_EQ(c.request("DELETE", "/tandem/v1/sessions/" + closed).status, 200);
+  r = c.post(step_path(closed), {{"expected_pos", 0}});
+  EXPECT_EQ(r.status, 410);
+  EXPECT_EQ(r.j()["error"]["reason"], "closed");
+
+  // Two slots: a third session evicts the least recently used idle one.
+  const std::string a = new_session(c);
+  ASSERT_EQ(c.post(step_path(a), {{"expected_pos", 0}, {"append", {1, 2}}}).status, 200);
+  const std::string b = new_session(c);
+  ASSERT_EQ(c.post(step_path(b), {{"expected_pos", 0}, {"append", {1, 2}}}).status, 200);
+  const std::string third = new_session(c);
+  r = c.post(step_path(a), {{"expected_pos", 2}});
+  EXPECT_EQ(r.status, 410);
+  EXPECT_EQ(r.j()["error"]["reason"], "evicted");
+  EXPECT_EQ(c.post(step_path(b), {{"expected_pos", 2}}).status, 200);
+
+  // Idle for longer than --idle-timeout: expired.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  r = c.post(step_path(b), {{"expected_pos", 2}});
+  EXPECT_EQ(r.status, 410);
+  EXPECT_EQ(r.j()["error"]["reason"], "expired");
+  (void)third;
+}
+
+// A KV cap that holds about one long session: a second one evicts the idle first, and a step
+// that cannot fit even alone is refused with 503.
+TEST(Server, KvCapEvictsLeastRecentlyUsed) {
+  const std::string path = model_path();
+  auto model = Model::load(path);
+  const ModelConfig& cfg = model->config();
+  const uint64_t per_token = static_cast<uint64_t>(cfg.n_layer) * (cfg.kv_dim() + cfg.v_dim()) * 4;
+  EXPECT_THROW(ServerProcess(path, {"--kv-cap", "1"}), std::runtime_error)
+      << "a cap below two tokens must be refused at start-up";
+
+  ServerProcess server(path, {"--kv-cap", std::to_string(per_token * 100)});
+  TestClient c = server.client();
+  std::vector<TokenId> sixty(60);
+  for (int i = 0; i < 60; ++i) sixty[i] = 1 + i;
+  const std::string a = new_session(c);
+  ASSERT_EQ(c.post(step_path(a), {{"expected_pos", 0}, {"append", sixty}}).status, 200);
+  const std::string b = new_session(c);
+  HttpResult r =
+      c.post(step_path(b), {{"expected_pos", 0}, {"append", sixty}, {"generate", {{"n", 2}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  r = c.post(step_path(a), {{"expected_pos", 60}, {"generate", {{"n", 1}}}});
+  EXPECT_EQ(r.status, 410);
+  EXPECT_EQ(r.j()["error"]["reason"], "evicted");
+  const json list = c.get("/tandem/v1/sessions").j();
+  EXPECT_LE(list["kv_bytes_in_use"].get<uint64_t>(), per_token * 100);
+  EXPECT_EQ(list["sessions"].size(), 1u);
+
+  // More than the whole cap in one step: 503 with Retry-After, and the session stays usable.
+  std::vector<TokenId> many(150, 7);
+  const std::string big = new_session(c);
+  r = c.post(step_path(big), {{"expected_pos", 0}, {"append", many}, {"generate", {{"n", 1}}}});
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.retry_after, "1");
+  const HttpResult m = c.get("/metrics");
+  EXPECT_NE(m.body.find("tandem_evictions_total 1"), std::string::npos) << m.body;
+}
+
+// Results do not depend on what else is in the batch: 32 sessions stepping at once give the
+// same tokens as each alone.
+TEST(Server, BatchedSessionsEqualSessionsAlone) {
+  const std::string path = model_path("models/synth-gemma3-Q4_K_M.gguf");
+  auto model = Model::load(path);
+  constexpr int kSessions = 32, kSteps = 6, kPerStep = 3;
+  std::vector<std::vector<TokenId>> prompts(kSessions), want(kSessions);
+  for (int i = 0; i < kSessions; ++i) {
+    prompts[i] =
+        model->tokenizer().encode("Story number " + std::to_string(i * 7919) +
+                                      std::string(static_cast<size_t>(i % 5), '!') + " begins",
+                                  true, false);
+    want[i] = local_greedy(path, prompts[i], kSteps * kPerStep);
+  }
+  ServerProcess server(path, {"--max-sessions", "40"});
+  std::vector<std::vector<TokenId>> got(kSessions);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      TestClient c = server.client();
+      const std::string s = new_session(c);
+      int pos = 0;
+      std::vector<TokenId> append = prompts[i];
+      for (int k = 0; k < kSteps; ++k) {
+        const HttpResult r =
+            c.post(step_path(s),
+                   {{"expected_pos", pos}, {"append", append}, {"generate", {{"n", kPerStep}}}});
+        if (r.status != 200) return;
+        for (TokenId t : ids_of(r.j())) got[i].push_back(t);
+        pos = r.j()["pos"];
+        append.clear();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kSessions; ++i) EXPECT_EQ(got[i], want[i]) << "session " << i;
+  // And they did share batches.
+  const std::string m = server.client().get("/metrics").body;
+  auto value = [&](const std::string& key) {
+    const size_t at = m.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(m.substr(at + key.size()));
+  };
+  EXPECT_LT(value("tandem_batch_jobs_bucket{le=\"1\"} "), value("tandem_batch_jobs_count "));
+}
+
+// A full queue answers 429 with Retry-After; nothing else fails.
+TEST(Server, FullQueueAnswers429) {
+  ServerProcess server(model_path(), {"--max-queue", "2", "-c", "2048"});
+  std::atomic<int> ok{0}, busy{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 12; ++i) {
+    threads.emplace_back([&, i] {
+      TestClient c = server.client();
+      const HttpResult r = c.post(
+          "/v1/completions",
+          {{"prompt", std::vector<int>{1, 2, 3 + i}}, {"max_tokens", 1500}, {"temperature", 0}});
+      if (r.status == 200) {
+        ++ok;
+      } else if (r.status == 429 && r.retry_after == "1") {
+        ++busy;
+      } else {
+        ++other;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GE(ok.load(), 2);
+  EXPECT_GE(busy.load(), 1);
+  EXPECT_EQ(other.load(), 0);
+}
+
+TEST(Server, BadInputGets400NamingTheField) {
+  ServerProcess server(model_path(), {"-c", "128", "--max-body", "4096"});
+  TestClient c = server.client();
+  const std::string s = new_session(c);
+  struct Case {
+    std::string body;
+    int status;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {"{not json", 400, ""},
+      {"[1,2]", 400, ""},
+      {R"({"append":[1]})", 400, "expected_pos"},
+      {R"({"expected_pos":"0"})", 400, "expected_pos"},
+      {R"({"expected_pos":-1})", 400, "expected_pos"},
+      {R"({"expected_pos":0,"append":[1,"x"]})", 400, "append[1]"},
+      {R"({"expected_pos":0,"append":[1,99999999]})", 400, "append[1]"},
+      {R"({"expected_pos":0,"append":[-3]})", 400, "append[0]"},
+      {R"({"expected_pos":0,"append":{"a":1}})", 400, "append"},
+      {R"({"expected_pos":0,"append":[1],"generate":{"n":0}})", 400, "n"},
+      {R"({"expected_pos":0,"append":[1],"generate":{"n":1,"temperature":"hot"}})", 400,
+       "temperature"},
+      {R"({"expected_pos":0,"append":[1],"generate":{"n":1},"verify":{"draft":[1]}})", 400,
+       "generate"},
+      {R"({"expected_pos":0,"append":[1],"verify":{"draft":[]}})", 400, "verify.draft"},
+      {R"({"expected_pos":0,"append":[1],"top_n":1000})", 400, "top_n"},
+      {R"({"expected_pos":0,"bogus":1})", 400, "bogus"},
+      {R"({"expected_pos":0,"generate":{"n":1}})", 400, "append"},
+      {R"({"expected_pos":0,"append":[1],"generate":{"n":200}})", 413, ""},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.body);
+    const HttpResult r = c.request("POST", step_path(s), k.body);
+    EXPECT_EQ(r.status, k.status) << r.body;
+    ASSERT_TRUE(r.j().contains("error")) << r.body;
+    EXPECT_FALSE(r.j()["error"]["message"].get<std::string>().empty());
+    if (!k.field.empty()) EXPECT_EQ(r.j()["error"]["field"], k.field) << r.body;
+  }
+  // A body over --max-body: 413 before any parsing.
+  const HttpResult big = c.request("POST", step_path(s), std::string(8192, ' '));
+  EXPECT_EQ(big.status, 413);
+  // Unknown paths and methods.
+  EXPECT_EQ(c.get("/nope").status, 404);
+  EXPECT_EQ(c.get("/tandem/v1/sessions/" + s + "/step").status, 405);
+  // The session still works after all that.
+  EXPECT_EQ(
+      c.post(step_path(s), {{"expected_pos", 0}, {"append", {1}}, {"generate", {{"n", 2}}}}).status,
+      200);
+}
+
+TEST(Server, ApiKeyIsRequiredWhenSet) {
+  ServerProcess server(model_path(), {"--api-key", "sesame"}, false, "sesame");
+  TestClient good = server.client();
+  TestClient none(server.port());
+  TestClient wrong(server.port(), false, "sesame2");
+  EXPECT_EQ(none.get("/health").status, 200);
+  EXPECT_EQ(none.post("/tandem/v1/sessions", json::object()).status, 401);
+  EXPECT_EQ(wrong.get("/v1/models").status, 401);
+  EXPECT_EQ(none.get("/metrics").status, 401);
+  EXPECT_EQ(good.get("/v1/models").status, 200);
+  EXPECT_EQ(good.post("/tandem/v1/sessions", json::object()).status, 201);
+}
+
+TEST(Server, TlsWorks) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tandem-tls-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 -keyout " + key +
+      " -out " + cert + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl could not make a test certificate";
+  {
+    ServerProcess server(model_path(), {"--ssl-cert", cert, "--ssl-key", key}, /*tls=*/true);
+    TestClient c = server.client();
+    const std::string s = new_session(c);
+    const HttpResult r = c.post(
+        step_path(s), {{"expected_pos", 0}, {"append", {1, 5, 9}}, {"generate", {{"n", 3}}}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.j()["tokens"].size(), 3u);
+    // Plain HTTP to a TLS port gets nothing useful, and the server survives it.
+    TestClient plain(server.port());
+    EXPECT_THROW(plain.request("GET", "/health", "", 5), std::exception);
+    EXPECT_EQ(c.get("/health").status, 200);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// SIGTERM while steps are running: every started step is answered in full, then the server
+// exits 0.
+TEST(Server, SigtermDrainsRunningSteps) {
+  ServerProcess server(model_path(), {"-c", "2048"});
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  std::vector<int> lengths(4, -1);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      TestClient c = server.client();
+      const std::string s = new_session(c);
+      const HttpResult r =
+          c.post(step_path(s),
+                 {{"expected_pos", 0}, {"append", {1, 2, 3 + i}}, {"generate", {{"n", 1500}}}});
+      if (r.status == 200) {
+        ++ok;
+        lengths[i] = static_cast<int>(r.j()["tokens"].size());
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(server.stop(), 0);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 4);
+  for (int n : lengths) EXPECT_TRUE(n == 1500 || n > 0) << n;
+}
+
+TEST(Server, MetricsAreExposed) {
+  ServerProcess server(model_path());
+  TestClient c = server.client();
+  const std::string s = new_session(c);
+  ASSERT_EQ(
+      c.post(step_path(s), {{"expected_pos", 0}, {"append", {1, 2}}, {"generate", {{"n", 3}}}})
+          .status,
+      200);
+  c.get("/nope");
+  const HttpResult m = c.get("/metrics");
+  ASSERT_EQ(m.status, 200);
+  for (const char* want :
+       {"tandem_requests_total{route=\"/tandem/v1/sessions/{id}/step\",status=\"200\"} 1",
+        "tandem_requests_total{route=\"other\",status=\"404\"} 1",
+        "tandem_generated_tokens_total 3", "tandem_sessions_open 1", "tandem_batch_tokens_bucket",
+        "tandem_step_seconds_count 1", "tandem_kv_bytes_in_use", "tandem_evictions_total 0",
+        "tandem_queue_length"}) {
+    EXPECT_NE(m.body.find(want), std::string::npos) << want << "\n" << m.body;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::testing
