@@ -93,7 +93,8 @@ class RunCommand : public Command {
         ->default_str(default_model_path());
     sub_->add_option("--cloud", cloud_.url, "Cloud URL: http(s)://HOST:PORT[/PREFIX]");
     sub_->add_option("--cloud-api", cloud_.api,
-                     "Cloud API: tandem (native, stateful); openai|sglang|llamacpp not yet")
+                     "Cloud API: tandem (native, stateful sessions) | openai (/v1/completions) | "
+                     "sglang (/generate) | llamacpp (/completion): stateless, token-id prompts")
         ->capture_default_str();
     sub_->add_option("--api-key", cloud_.api_key, "Cloud API key (Authorization: Bearer)");
     sub_->add_flag("--insecure", cloud_.insecure, "https: do not verify the certificate");

@@ -371,6 +371,10 @@ class NativeBackend : public CloudBackend {
 
 }  // namespace
 
+// stateless_backend.cpp
+std::unique_ptr<CloudBackend> make_stateless_backend(const CloudOptions& options,
+                                                     const Model& edge_model);
+
 std::string vocab_hash_hex(uint64_t fingerprint) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016" PRIx64, fingerprint);
@@ -381,8 +385,7 @@ std::unique_ptr<CloudBackend> make_cloud_backend(const CloudOptions& options,
                                                  const Model& edge_model) {
   if (options.api == "tandem") return std::make_unique<NativeBackend>(options, edge_model);
   if (options.api == "openai" || options.api == "sglang" || options.api == "llamacpp") {
-    throw std::invalid_argument("--cloud-api " + options.api +
-                                " is not yet supported (only 'tandem', the native protocol)");
+    return make_stateless_backend(options, edge_model);
   }
   throw std::invalid_argument("unknown --cloud-api '" + options.api +
                               "' (choices: tandem, openai, sglang, llamacpp)");
