@@ -1,0 +1,231 @@
+// tandem edge client: the device's half of collaborative decoding.
+//
+//   auto small = tandem::Model::load("edge.gguf");
+//   tandem::CloudOptions cloud{.url = "http://127.0.0.1:8080"};
+//   tandem::EdgeOptions opts;  opts.mode = tandem::EdgeMode::Route;
+//   opts.router = tandem::parse_router_policy("confidence");
+//   tandem::EdgeDecoder edge(*small, opts, tandem::make_cloud_backend(cloud, *small));
+//   edge.start();                                   // opens the cloud session, checks vocabularies
+//   tandem::EdgeResult r = edge.generate(prompt_ids, 128, on_token);
+//
+// The small model decodes every position; the router picks the positions the cloud decides; the
+// cloud keeps a session with the whole history, so only new token ids cross the network. Tokens
+// the device decides itself are pushed to the cloud in the background ("sync ahead") so a route
+// event prefills (almost) nothing. When the cloud is slow, down, restarted or wrong, the device
+// decodes the token itself, counts a fallback and retries later with exponential backoff.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tandem/engine.h"
+#include "tandem/router.h"
+
+namespace tandem {
+
+// ---- the cloud, as the edge sees it ----
+
+struct CloudModelInfo {
+  std::string name, arch;
+  int n_vocab = 0;
+  std::string vocab_hash;  // 16 lowercase hex digits (Tokenizer::fingerprint)
+  TokenId bos = -1, eos = -1;
+  std::vector<TokenId> eog;
+  int n_ctx = 0, max_step_tokens = 0, max_generate = 0, max_draft = 0;
+};
+
+enum class CloudOpKind { Sync, Generate, Verify };
+
+struct CloudOp {
+  CloudOpKind kind = CloudOpKind::Sync;
+  int n_generate = 1;          // Generate
+  SamplingParams sampling;     // Generate (temp <= 0: greedy)
+  bool send_seed = false;      // Generate: pass sampling.seed
+  std::vector<TokenId> draft;  // Verify
+};
+
+struct CloudStepResult {
+  int pos = 0;                  // the session's history length after the step
+  std::vector<TokenId> tokens;  // generated, or accepted drafts + the cloud's token
+  std::vector<float> logprobs;
+  int accepted = 0;   // Verify
+  int prefilled = 0;  // tokens the server ran before sampling
+  std::string stop;   // "length", "eog", "context" ("" for a sync)
+};
+
+class CloudError : public std::runtime_error {
+ public:
+  enum class Kind {
+    Unavailable,  // transport failure, timeout, 429/503, garbage: fall back, retry later
+    Rejected,     // 400/404/413: the request was wrong for this server; fall back
+    Fatal,        // 401, a different vocabulary: stop using this cloud
+  };
+  CloudError(Kind kind, const std::string& message, double retry_after_s = 0)
+      : std::runtime_error(message), kind_(kind), retry_after_s_(retry_after_s) {}
+  Kind kind() const { return kind_; }
+  double retry_after_s() const { return retry_after_s_; }
+
+ private:
+  Kind kind_;
+  double retry_after_s_;
+};
+
+struct CloudCounters {
+  uint64_t bytes_up = 0, bytes_down = 0;  // HTTP headers + bodies
+  int sessions_opened = 0;
+  int replays = 0;  // sessions re-created with the whole history replayed in one append
+  int resends = 0;  // 409 answers resent from the server's position
+  int steps = 0;    // successful steps
+  uint64_t replayed_tokens = 0;
+};
+
+// One cloud conversation. step() takes the edge's whole history (which normally extends what it
+// sent before: only the new tail crosses the network) and makes the cloud's history equal to it
+// before doing `op`; the backend resends after a position mismatch and replays into a new session
+// when the old one is lost or the histories diverged. Not thread-safe, except abort().
+class CloudBackend {
+ public:
+  virtual ~CloudBackend() = default;
+  virtual std::string name() const = 0;
+  // Opens a session and checks the vocabulary. Throws CloudError.
+  virtual CloudModelInfo connect() = 0;
+  virtual CloudStepResult step(std::span<const TokenId> history, const CloudOp& op) = 0;
+  // Closes the session (best effort, short timeout); never throws.
+  virtual void close() noexcept = 0;
+  // Makes the request in flight (and all later ones) fail at once; any thread.
+  virtual void abort() noexcept = 0;
+  virtual CloudCounters counters() const = 0;
+};
+
+struct CloudOptions {
+  std::string url;             // http://host:port[/prefix] or https://...
+  std::string api = "tandem";  // tandem | openai | sglang | llamacpp
+  std::string api_key;
+  bool insecure = false;  // https: do not verify the certificate
+  std::string ca_file;
+  double timeout_s = 10;  // connect + whole request
+};
+
+// The backend for options.api, checking the cloud's vocabulary against `edge_model`'s.
+// Throws std::invalid_argument for a bad URL or an API that is not supported yet.
+std::unique_ptr<CloudBackend> make_cloud_backend(const CloudOptions& options,
+                                                 const Model& edge_model);
+
+// The vocabulary fingerprint as the server reports it: 16 lowercase hex digits.
+std::string vocab_hash_hex(uint64_t fingerprint);
+
+// ---- the edge decoder ----
+
+enum class EdgeMode { Local, Route, Speculative, Cloud };
+EdgeMode parse_edge_mode(const std::string& name);  // throws std::invalid_argument
+std::string edge_mode_name(EdgeMode mode);
+
+enum class TokenSource : uint8_t { Local, Cloud };
+
+struct EdgeOptions {
+  EdgeMode mode = EdgeMode::Local;
+  RouterConfig router;
+  int route_span = 1;      // cloud tokens per route event
+  int draft = 4;           // speculative: drafts per verify
+  int cloud_chunk = 16;    // cloud mode: tokens per step
+  bool sync_ahead = true;  // push locally decided tokens to the cloud in the background
+  double cloud_timeout_s = 10;
+  double backoff_initial_s = 0.25;
+  double backoff_max_s = 8;
+  SamplingParams sampling;
+  ContextParams context;
+  int top_k_signal = 8;  // probabilities the router signal carries
+};
+
+struct EdgeStats {
+  int tokens = 0, cloud_tokens = 0;
+  double cloud_share = 0;
+  int route_events = 0;  // successful cloud consultations (route events, verifies, cloud steps)
+  uint64_t bytes_up = 0, bytes_down = 0;
+  double cloud_ms = 0;  // time the decoder waited for the cloud
+  double local_ms = 0;  // time in the small model (prefill, decode, sampling, router)
+  double ttft_ms = 0;
+  double total_ms = 0;
+  double tok_s = 0;
+  int fallbacks = 0;  // tokens decided locally because the cloud failed or was backing off
+  int replays = 0;
+  int accepted_drafts = 0, drafted = 0;
+  int prefilled_on_route =
+      0;  // tokens the cloud prefilled in consultations (sync-ahead saves these)
+  int sync_steps = 0, sync_failures = 0, cloud_failures = 0;
+  bool cloud_lost = false;  // the cloud was given up on (fatal error) or never answered
+  std::string last_cloud_error;
+};
+
+struct EdgeToken {
+  TokenId id = 0;
+  TokenSource source = TokenSource::Local;
+  float score = 0;
+};
+
+struct EdgeResult {
+  std::vector<TokenId> ids;  // generated (an end-of-generation token excluded)
+  std::vector<TokenSource> sources;
+  std::vector<float> scores;
+  std::string text;
+  StopReason stop = StopReason::Length;
+  EdgeStats stats;  // this call's
+};
+
+// Called per produced token with its text piece (may be empty while a UTF-8 character is
+// incomplete); return false to stop.
+using EdgeTokenCallback = std::function<bool(const EdgeToken& token, std::string_view piece)>;
+
+class CloudLink;
+
+class EdgeDecoder {
+ public:
+  // `cloud` may be null for Local mode (and then every other mode decodes locally).
+  EdgeDecoder(const Model& small, const EdgeOptions& options,
+              std::unique_ptr<CloudBackend> cloud = nullptr);
+  ~EdgeDecoder();
+  EdgeDecoder(const EdgeDecoder&) = delete;
+  EdgeDecoder& operator=(const EdgeDecoder&) = delete;
+
+  // Opens the cloud session. Throws CloudError (Fatal) for a different vocabulary or a refused
+  // API key; a cloud that does not answer is not an error (the decoder starts locally and
+  // retries). Returns a line describing the cloud (or why it is unavailable).
+  std::string start();
+
+  // Makes the conversation's history `context` (its common prefix with the current history is
+  // kept, locally and in the cloud) and produces up to n_predict tokens after it.
+  EdgeResult generate(std::span<const TokenId> context, int n_predict,
+                      const EdgeTokenCallback& on_token = {});
+
+  const std::vector<TokenId>& history() const { return history_; }
+  const EdgeOptions& options() const { return options_; }
+  Router& router() { return router_; }
+
+ private:
+  void ensure_local_logits();
+  TokenId sample_local();
+  float route_score(bool* cloud);
+
+  const Model& model_;
+  EdgeOptions options_;
+  Router router_;
+  std::unique_ptr<Context> ctx_;
+  Sampler sampler_;
+  std::unique_ptr<CloudLink> link_;
+  std::vector<TokenId> history_;       // the conversation: prompt(s) and every produced token
+  std::vector<TokenId> local_tokens_;  // what the small model's KV holds (may run ahead: drafts)
+  std::vector<float> logits_;          // the small model's next-token logits after local_tokens_
+  size_t logits_pos_ = SIZE_MAX;       // local_tokens_.size() when logits_ was computed
+  double local_ms_ = 0;
+};
+
+// The router's signal from a logits row: softmax, top-k probabilities, entropy, margin.
+RouterSignal router_signal_from_logits(std::span<const float> logits, int position, int top_k);
+
+}  // namespace tandem

@@ -1,0 +1,101 @@
+// tandem router: decides per token whether the device's small model ("local") or the cloud's
+// large model ("cloud") produces it.
+//
+//   tandem::RouterSignal s = ...;           // built from the small model's logits row
+//   auto router = tandem::Router::create(tandem::parse_router_config("confidence", 0.6));
+//   tandem::RouteDecision d = router->decide(s);   // d.cloud, d.score
+//   router->record(d, n_tokens);                    // tokens the decision produced
+//
+// The router is a pure function of a narrow signal plus its own small state (a random stream,
+// the target-rate controller); it knows nothing of the engine or the network.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+// What the router sees at one position: the small model's next-token distribution, summarised.
+struct RouterSignal {
+  int position = 0;               // history length (tokens before the one being decided)
+  std::vector<float> top_probs;   // most likely first, probabilities after softmax (k >= 2)
+  float entropy = 0;              // nats, over the full distribution
+  float margin = 0;               // top_probs[0] - top_probs[1]
+  std::span<const float> hidden;  // final hidden state [n_embd], optional (empty when absent)
+};
+
+enum class RouterPolicy { Confidence, Entropy, Margin, Random, Always, Never };
+
+struct RouterConfig {
+  RouterPolicy policy = RouterPolicy::Confidence;
+  // Route to the cloud when score > threshold (threshold policies).
+  double threshold = 0.5;
+  // When set: ignore `threshold` and keep the cloud share of tokens near this rate (0..1).
+  std::optional<double> target_rate;
+  // random:RATE[:SEED]
+  double random_rate = 0.1;
+  uint64_t random_seed = 0x5eed;
+  // Scores the target-rate controller keeps to estimate their distribution.
+  int window = 256;
+};
+
+// Parses "confidence", "entropy", "margin", "random:RATE[:SEED]", "always", "never".
+// Throws std::invalid_argument naming the policy and the choices.
+RouterConfig parse_router_policy(const std::string& spec);
+std::string router_policy_name(RouterPolicy policy);
+// A sensible threshold when none is given (confidence 0.5, entropy 2 nats, margin 0.8).
+double default_threshold(RouterPolicy policy);
+
+struct RouteDecision {
+  bool cloud = false;
+  float score = 0;  // higher: more reason to ask the cloud
+};
+
+// Keeps the realised cloud share of tokens near a target rate R: the threshold is the (1-R)
+// quantile of the last `window` scores, with the quantile level nudged by an integral term on
+// the realised share (so a route span > 1 token or a drifting score distribution still lands on
+// R in the long run).
+class TargetRateController {
+ public:
+  TargetRateController(double target_rate, int window);
+  // Threshold for the next decision (scores above it go to the cloud).
+  double threshold() const;
+  void observe_score(double score);
+  // After a decision: how many tokens it produced and whether they came from the cloud.
+  void observe_outcome(bool cloud, int n_tokens);
+  double realised_share() const;
+  double target() const { return target_; }
+
+ private:
+  double level() const;
+  double target_;
+  size_t window_;
+  std::deque<double> scores_;
+  std::vector<double> sorted_;  // scratch
+  double integral_ = 0;         // accumulated (cloud indicator - target), per token
+  uint64_t tokens_ = 0, cloud_tokens_ = 0;
+};
+
+class Router {
+ public:
+  explicit Router(const RouterConfig& config);
+  const RouterConfig& config() const { return config_; }
+  // Score of a signal under the policy (no state change).
+  float score(const RouterSignal& signal) const;
+  RouteDecision decide(const RouterSignal& signal);
+  // The decision produced n_tokens tokens, from the cloud or (fallback) locally.
+  void record(bool cloud, int n_tokens);
+  double threshold() const;
+
+ private:
+  RouterConfig config_;
+  std::optional<TargetRateController> controller_;
+  uint64_t rng_state_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,208 @@
+#include "client/cloud_link.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace tandem {
+
+using Clock = std::chrono::steady_clock;
+
+CloudLink::CloudLink(std::unique_ptr<CloudBackend> backend, const Options& options)
+    : backend_(std::move(backend)), options_(options) {
+  thread_ = std::thread([this] { worker(); });
+}
+
+CloudLink::~CloudLink() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+    pending_sync_.reset();
+    pending_request_.reset();
+    // A step in flight would hold the join for up to the timeout: cut it (the session is then
+    // left to expire on the server). An idle worker closes the session on its way out.
+    if (busy_) backend_->abort();
+  }
+  cv_work_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+CloudModelInfo CloudLink::connect() {
+  // The worker only ever runs queued work, and nothing is queued yet: the backend is ours here.
+  std::lock_guard lock(mu_);
+  try {
+    CloudModelInfo info = backend_->connect();
+    note_success_locked();
+    counters_ = backend_->counters();
+    return info;
+  } catch (const CloudError& e) {
+    note_failure_locked(e);
+    counters_ = backend_->counters();
+    throw;
+  }
+}
+
+void CloudLink::note_failure_locked(const CloudError& e) {
+  ++failures_;
+  last_error_ = e.what();
+  if (e.kind() == CloudError::Kind::Fatal) {
+    disabled_ = true;
+    return;
+  }
+  ++consecutive_failures_;
+  const double base =
+      std::min(options_.backoff_max_s,
+               options_.backoff_initial_s * std::pow(2.0, std::min(consecutive_failures_ - 1, 30)));
+  std::uniform_real_distribution<double> jitter(0.5, 1.5);
+  const double pause = std::max(base * jitter(jitter_), e.retry_after_s());
+  retry_at_ = Clock::now() + std::chrono::microseconds(static_cast<long>(pause * 1e6));
+}
+
+void CloudLink::note_success_locked() {
+  consecutive_failures_ = 0;
+  retry_at_ = {};
+}
+
+bool CloudLink::ready() const {
+  std::lock_guard lock(mu_);
+  return !disabled_ && Clock::now() >= retry_at_;
+}
+
+bool CloudLink::disabled() const {
+  std::lock_guard lock(mu_);
+  return disabled_;
+}
+
+void CloudLink::sync(const std::vector<TokenId>& history) {
+  {
+    std::lock_guard lock(mu_);
+    if (disabled_ || Clock::now() < retry_at_) return;
+    if (pending_request_) return;  // the request carries the history anyway
+    pending_sync_ = history;
+  }
+  cv_work_.notify_one();
+}
+
+std::optional<CloudStepResult> CloudLink::request(const std::vector<TokenId>& history,
+                                                  const CloudOp& op, std::string* why) {
+  std::unique_lock lock(mu_);
+  if (disabled_) {
+    if (why) *why = "cloud disabled: " + last_error_;
+    return std::nullopt;
+  }
+  if (Clock::now() < retry_at_) {
+    if (why) *why = "backing off after: " + last_error_;
+    return std::nullopt;
+  }
+  const uint64_t id = next_id_++;
+  pending_sync_.reset();
+  pending_request_ = Pending{id, history, op};
+  awaited_id_ = id;
+  cv_work_.notify_one();
+  // The worker may first finish a sync in flight; the HTTP timeout bounds both, this bounds
+  // the wait (a little over one timeout so that the HTTP layer reports its own error first).
+  const auto deadline = Clock::now() + std::chrono::microseconds(
+                                           static_cast<long>(options_.timeout_s * 1.05e6 + 50e3));
+  const bool done = cv_done_.wait_until(lock, deadline, [&] { return done_id_ >= id || stop_; });
+  awaited_id_ = 0;
+  if (!done || done_id_ != id) {
+    if (pending_request_ && pending_request_->id == id) pending_request_.reset();
+    const CloudError e(
+        CloudError::Kind::Unavailable,
+        "the cloud did not answer within " + std::to_string(options_.timeout_s) + " s");
+    note_failure_locked(e);
+    if (why) *why = e.what();
+    return std::nullopt;
+  }
+  if (!result_) {
+    if (why) *why = error_;
+    return std::nullopt;
+  }
+  return std::move(result_);
+}
+
+void CloudLink::worker() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_work_.wait(lock, [&] { return stop_ || pending_request_ || pending_sync_; });
+    if (stop_) break;
+    if (pending_request_) {
+      Pending job = std::move(*pending_request_);
+      pending_request_.reset();
+      busy_ = true;
+      lock.unlock();
+      std::optional<CloudStepResult> result;
+      std::optional<CloudError> error;
+      try {
+        result = backend_->step(job.history, job.op);
+      } catch (const CloudError& e) {
+        error = e;
+      } catch (const std::exception& e) {
+        error = CloudError(CloudError::Kind::Unavailable, e.what());
+      }
+      lock.lock();
+      busy_ = false;
+      counters_ = backend_->counters();
+      if (job.id != awaited_id_) {
+        // Nobody waits for this answer any more (it came after the timeout): a slow cloud
+        // stays in backoff instead of costing every later consultation a whole timeout.
+      } else if (error) {
+        note_failure_locked(*error);
+        error_ = error->what();
+      } else {
+        note_success_locked();
+      }
+      result_ = std::move(result);
+      done_id_ = job.id;
+      cv_done_.notify_all();
+      continue;
+    }
+    std::vector<TokenId> history = std::move(*pending_sync_);
+    pending_sync_.reset();
+    if (disabled_ || Clock::now() < retry_at_) continue;
+    busy_ = true;
+    lock.unlock();
+    std::optional<CloudError> error;
+    try {
+      backend_->step(history, CloudOp{});
+    } catch (const CloudError& e) {
+      error = e;
+    } catch (const std::exception& e) {
+      error = CloudError(CloudError::Kind::Unavailable, e.what());
+    }
+    lock.lock();
+    busy_ = false;
+    counters_ = backend_->counters();
+    if (error) {
+      ++sync_failures_;
+      note_failure_locked(*error);
+    } else {
+      ++sync_steps_;
+      note_success_locked();
+    }
+  }
+  lock.unlock();
+  backend_->close();
+}
+
+CloudCounters CloudLink::counters() const {
+  std::lock_guard lock(mu_);
+  return counters_;
+}
+int CloudLink::sync_steps() const {
+  std::lock_guard lock(mu_);
+  return sync_steps_;
+}
+int CloudLink::sync_failures() const {
+  std::lock_guard lock(mu_);
+  return sync_failures_;
+}
+int CloudLink::failures() const {
+  std::lock_guard lock(mu_);
+  return failures_;
+}
+std::string CloudLink::last_error() const {
+  std::lock_guard lock(mu_);
+  return last_error_;
+}
+
+}  // namespace tandem

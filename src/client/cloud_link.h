@@ -1,0 +1,83 @@
+// CloudLink: a worker thread that owns the CloudBackend (and so its connection), so that
+// background syncs and consultations of one session run strictly one after another while the
+// decoder keeps decoding. Also holds the retry policy: after a failure, the cloud is left alone
+// for an exponentially growing, jittered pause.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tandem/client.h"
+
+namespace tandem {
+
+class CloudLink {
+ public:
+  struct Options {
+    double timeout_s = 10;
+    double backoff_initial_s = 0.25;
+    double backoff_max_s = 8;
+  };
+  CloudLink(std::unique_ptr<CloudBackend> backend, const Options& options);
+  ~CloudLink();
+
+  // Opens the session on the calling thread, before the worker has work. Throws CloudError.
+  CloudModelInfo connect();
+
+  // Pushes the history in the background (latest wins; dropped while backing off).
+  void sync(const std::vector<TokenId>& history);
+
+  // Runs a consultation and waits for it up to the timeout (the worker first finishes a sync in
+  // flight). Returns nullopt on any failure, with the reason in *why; a late answer is dropped.
+  std::optional<CloudStepResult> request(const std::vector<TokenId>& history, const CloudOp& op,
+                                         std::string* why);
+
+  // False while backing off after a failure or after a fatal error.
+  bool ready() const;
+  bool disabled() const;  // a fatal error: never again
+  CloudCounters counters() const;
+  int sync_steps() const;
+  int sync_failures() const;
+  int failures() const;
+  std::string last_error() const;
+
+ private:
+  struct Pending {
+    uint64_t id = 0;
+    std::vector<TokenId> history;
+    CloudOp op;
+  };
+  void worker();
+  void note_failure_locked(const CloudError& e);
+  void note_success_locked();
+
+  std::unique_ptr<CloudBackend> backend_;
+  Options options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_work_, cv_done_;
+  std::optional<std::vector<TokenId>> pending_sync_;
+  std::optional<Pending> pending_request_;
+  uint64_t next_id_ = 1;
+  uint64_t done_id_ = 0;  // id of the request whose outcome is in result_/error_
+  std::optional<CloudStepResult> result_;
+  std::string error_;
+  bool stop_ = false;
+  bool busy_ = false;        // the worker is inside a backend call
+  uint64_t awaited_id_ = 0;  // the request request() is waiting for, 0 for none
+  bool disabled_ = false;
+  int consecutive_failures_ = 0, failures_ = 0, sync_steps_ = 0, sync_failures_ = 0;
+  std::chrono::steady_clock::time_point retry_at_{};
+  std::string last_error_;
+  CloudCounters counters_;
+  std::mt19937_64 jitter_{std::random_device{}()};
+  std::thread thread_;
+};
+
+}  // namespace tandem

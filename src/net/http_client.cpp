@@ -1,0 +1,330 @@
+// HTTP/1.1 keep-alive client over Boost.Beast. Every operation is asynchronous on a private
+// io_context that request() runs to completion, so the per-request deadline (tcp_stream's
+// expiry, a timer for name resolution) bounds connect, TLS handshake, write and read alike.
+#include "net/http_client.h"
+
+#include <openssl/ssl.h>
+
+#include <algorithm>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <cctype>
+#include <charconv>
+
+namespace tandem::net {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace ssl = asio::ssl;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+// ---- URL ----
+
+std::string Url::origin() const {
+  const bool v6 = host.find(':') != std::string::npos;
+  return scheme + "://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+Url parse_url(std::string_view text) {
+  Url u;
+  const size_t sep = text.find("://");
+  if (sep == std::string_view::npos) {
+    throw std::invalid_argument(
+        "URL '" + std::string(text) +
+        "' has no scheme: expected http://HOST[:PORT][/PREFIX] or https://...");
+  }
+  u.scheme = std::string(text.substr(0, sep));
+  std::transform(u.scheme.begin(), u.scheme.end(), u.scheme.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  if (u.scheme != "http" && u.scheme != "https") {
+    throw std::invalid_argument("URL '" + std::string(text) + "': scheme '" + u.scheme +
+                                "' is not http or https");
+  }
+  std::string_view rest = text.substr(sep + 3);
+  const size_t slash = rest.find('/');
+  std::string_view authority = rest.substr(0, slash);
+  std::string_view path = slash == std::string_view::npos ? "" : rest.substr(slash);
+  if (authority.find('@') != std::string_view::npos) {
+    throw std::invalid_argument("URL '" + std::string(text) +
+                                "': user info is not supported (use --api-key)");
+  }
+  std::string_view port_text;
+  if (!authority.empty() && authority.front() == '[') {  // [IPv6]:port
+    const size_t close = authority.find(']');
+    if (close == std::string_view::npos) {
+      throw std::invalid_argument("URL '" + std::string(text) + "': unterminated '[' in the host");
+    }
+    u.host = std::string(authority.substr(1, close - 1));
+    std::string_view after = authority.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') {
+        throw std::invalid_argument("URL '" + std::string(text) + "': junk after the IPv6 host");
+      }
+      port_text = after.substr(1);
+    }
+  } else {
+    const size_t colon = authority.rfind(':');
+    u.host = std::string(authority.substr(0, colon));
+    if (colon != std::string_view::npos) port_text = authority.substr(colon + 1);
+  }
+  if (u.host.empty()) throw std::invalid_argument("URL '" + std::string(text) + "' has no host");
+  if (port_text.empty()) {
+    u.port = u.tls() ? 443 : 80;
+  } else {
+    unsigned port = 0;
+    auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+    if (ec != std::errc() || end != port_text.data() + port_text.size() || port == 0 ||
+        port > 65535) {
+      throw std::invalid_argument("URL '" + std::string(text) + "': port '" +
+                                  std::string(port_text) + "' is not a number in 1..65535");
+    }
+    u.port = static_cast<uint16_t>(port);
+  }
+  if (path.find_first_of("?#") != std::string_view::npos) {
+    throw std::invalid_argument("URL '" + std::string(text) +
+                                "': a query or fragment is not allowed in the base URL");
+  }
+  u.prefix = std::string(path);
+  while (!u.prefix.empty() && u.prefix.back() == '/') u.prefix.pop_back();
+  return u;
+}
+
+// ---- client ----
+
+struct HttpClient::Impl {
+  asio::io_context ioc;
+  ssl::context ssl_ctx{ssl::context::tls_client};
+  tcp::resolver resolver{ioc};
+  std::unique_ptr<beast::tcp_stream> plain;
+  std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> tls;
+  beast::flat_buffer buffer;
+
+  bool connected() const { return plain || tls; }
+  beast::tcp_stream& lowest() { return tls ? beast::get_lowest_layer(*tls) : *plain; }
+
+  // Runs the io_context until every pending handler has run.
+  void run() {
+    ioc.restart();
+    ioc.run();
+  }
+
+  void close() {
+    beast::error_code ignored;
+    if (plain) plain->socket().close(ignored);
+    if (tls) beast::get_lowest_layer(*tls).socket().close(ignored);
+    plain.reset();
+    tls.reset();
+    buffer.consume(buffer.size());
+  }
+
+  template <typename Fn>
+  void with_stream(Fn&& fn) {
+    if (tls) {
+      fn(*tls);
+    } else {
+      fn(*plain);
+    }
+  }
+};
+
+namespace {
+
+NetError::Kind kind_of(const beast::error_code& ec) {
+  if (ec == beast::error::timeout || ec == asio::error::timed_out) return NetError::Kind::Timeout;
+  return NetError::Kind::Io;
+}
+
+// A keep-alive connection the server closed while idle fails the next request this way.
+bool is_stale_connection_error(const beast::error_code& ec) {
+  return ec == http::error::end_of_stream || ec == asio::error::eof ||
+         ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
+         ec == ssl::error::stream_truncated;
+}
+
+}  // namespace
+
+HttpClient::HttpClient(Url base, HttpOptions options)
+    : impl_(std::make_unique<Impl>()), base_(std::move(base)), options_(std::move(options)) {
+  if (base_.tls()) {
+    if (options_.insecure) {
+      impl_->ssl_ctx.set_verify_mode(ssl::verify_none);
+    } else {
+      impl_->ssl_ctx.set_default_verify_paths();
+      if (!options_.ca_file.empty()) impl_->ssl_ctx.load_verify_file(options_.ca_file);
+      impl_->ssl_ctx.set_verify_mode(ssl::verify_peer);
+    }
+  }
+}
+
+HttpClient::~HttpClient() {
+  impl_->close();
+}
+
+void HttpClient::abort() {
+  aborted_ = true;
+  asio::post(impl_->ioc, [impl = impl_.get()] { impl->close(); });
+}
+
+void HttpClient::disconnect() {
+  impl_->close();
+}
+
+HttpResponse HttpClient::request(std::string_view method, std::string_view target,
+                                 std::string_view body, std::chrono::milliseconds timeout) {
+  const http::verb verb = http::string_to_verb(beast::string_view(method.data(), method.size()));
+  if (verb == http::verb::unknown) {
+    throw std::invalid_argument("HTTP method '" + std::string(method) + "' is unknown");
+  }
+  const Clock::time_point deadline = Clock::now() + timeout;
+  const std::string where =
+      std::string(method) + " " + base_.origin() + base_.prefix + std::string(target);
+  auto fail = [&](NetError::Kind kind, const std::string& what) -> NetError {
+    impl_->close();
+    if (aborted_) return NetError(NetError::Kind::Aborted, where + ": aborted");
+    if (kind == NetError::Kind::Timeout) {
+      return NetError(kind, where + ": no complete answer within " +
+                                std::to_string(timeout.count()) + " ms (" + what + ")");
+    }
+    return NetError(kind, where + ": " + what);
+  };
+
+  http::request<http::string_body> req{verb, base_.prefix + std::string(target), 11};
+  req.set(http::field::host, base_.host + ":" + std::to_string(base_.port));
+  req.set(http::field::user_agent, options_.user_agent);
+  req.set(http::field::accept, "application/json");
+  if (!options_.api_key.empty()) req.set(http::field::authorization, "Bearer " + options_.api_key);
+  if (!body.empty()) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = std::string(body);
+  }
+  req.keep_alive(true);
+  req.prepare_payload();
+
+  for (int attempt = 0;; ++attempt) {
+    if (aborted_) throw NetError(NetError::Kind::Aborted, where + ": aborted");
+    const bool reused = impl_->connected();
+    beast::error_code ec;
+    if (!reused) {
+      // Resolve (bounded by a timer: the resolver has no expiry of its own).
+      tcp::resolver::results_type endpoints;
+      asio::steady_timer timer(impl_->ioc);
+      timer.expires_at(deadline);
+      bool resolved = false;
+      impl_->resolver.async_resolve(base_.host, std::to_string(base_.port),
+                                    [&](const beast::error_code& e, tcp::resolver::results_type r) {
+                                      ec = e;
+                                      endpoints = std::move(r);
+                                      resolved = true;
+                                      timer.cancel();
+                                    });
+      timer.async_wait([&](const beast::error_code& e) {
+        if (!e && !resolved) impl_->resolver.cancel();
+      });
+      impl_->run();
+      if (ec) {
+        throw fail(resolved && ec != asio::error::operation_aborted ? NetError::Kind::Connect
+                                                                    : NetError::Kind::Timeout,
+                   "cannot resolve host '" + base_.host + "': " + ec.message());
+      }
+      if (base_.tls()) {
+        impl_->tls =
+            std::make_unique<beast::ssl_stream<beast::tcp_stream>>(impl_->ioc, impl_->ssl_ctx);
+        if (!SSL_set_tlsext_host_name(impl_->tls->native_handle(), base_.host.c_str())) {
+          throw fail(NetError::Kind::Tls, "cannot set the TLS server name");
+        }
+        if (!options_.insecure) {
+          impl_->tls->set_verify_callback(ssl::host_name_verification(base_.host));
+        }
+      } else {
+        impl_->plain = std::make_unique<beast::tcp_stream>(impl_->ioc);
+      }
+      impl_->lowest().expires_at(deadline);
+      impl_->lowest().async_connect(
+          endpoints, [&](const beast::error_code& e, const tcp::endpoint&) { ec = e; });
+      impl_->run();
+      if (ec) {
+        const auto kind = kind_of(ec) == NetError::Kind::Timeout ? NetError::Kind::Timeout
+                                                                 : NetError::Kind::Connect;
+        throw fail(kind, "cannot connect: " + ec.message());
+      }
+      ++connects_;
+      if (impl_->tls) {
+        impl_->tls->async_handshake(ssl::stream_base::client,
+                                    [&](const beast::error_code& e) { ec = e; });
+        impl_->run();
+        if (ec) {
+          throw fail(kind_of(ec) == NetError::Kind::Timeout ? NetError::Kind::Timeout
+                                                            : NetError::Kind::Tls,
+                     "TLS handshake failed: " + ec.message());
+        }
+      }
+    }
+
+    impl_->lowest().expires_at(deadline);
+    size_t written = 0;
+    impl_->with_stream([&](auto& stream) {
+      http::async_write(stream, req, [&](const beast::error_code& e, size_t n) {
+        ec = e;
+        written = n;
+      });
+    });
+    impl_->run();
+    bytes_sent_ += written;
+    if (ec) {
+      if (reused && attempt == 0 && kind_of(ec) != NetError::Kind::Timeout && !aborted_) {
+        impl_->close();
+        continue;
+      }
+      throw fail(kind_of(ec), "sending the request failed: " + ec.message());
+    }
+
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(options_.max_body_bytes);
+    size_t read = 0;
+    impl_->with_stream([&](auto& stream) {
+      http::async_read(stream, impl_->buffer, parser, [&](const beast::error_code& e, size_t n) {
+        ec = e;
+        read = n;
+      });
+    });
+    impl_->run();
+    bytes_received_ += read;
+    if (ec) {
+      if (reused && attempt == 0 && read == 0 && is_stale_connection_error(ec) && !aborted_) {
+        impl_->close();
+        continue;
+      }
+      if (ec == http::error::body_limit) {
+        throw fail(
+            NetError::Kind::Protocol,
+            "the answer's body is over " + std::to_string(options_.max_body_bytes) + " bytes");
+      }
+      const bool truncated = ec == http::error::partial_message || read > 0;
+      throw fail(kind_of(ec), std::string(truncated ? "the answer was cut short: "
+                                                    : "reading the answer failed: ") +
+                                  ec.message());
+    }
+    HttpResponse out;
+    auto& res = parser.get();
+    out.status = static_cast<int>(res.result_int());
+    for (const auto& field : res) {
+      std::string name(field.name_string());
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      out.headers[name] = std::string(field.value());
+    }
+    out.body = std::move(res.body());
+    if (!res.keep_alive()) impl_->close();
+    return out;
+  }
+}
+
+}  // namespace tandem::net

@@ -1,0 +1,220 @@
+// Router policies and the target-rate controller (see include/tandem/router.h).
+#include "tandem/router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace tandem {
+namespace {
+
+// splitmix64: a small reproducible stream for random:RATE[:SEED].
+uint64_t next_random(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double parse_number(const std::string& text, const std::string& what) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+    return v;
+  } catch (const std::exception&) {
+    throw std::invalid_argument("router policy: " + what + " '" + text + "' is not a number");
+  }
+}
+
+// The integral term's weight: level moves by kGain per token of accumulated share error.
+constexpr double kGain = 0.002;
+constexpr double kIntegralLimit = 250;
+
+}  // namespace
+
+std::string router_policy_name(RouterPolicy policy) {
+  switch (policy) {
+    case RouterPolicy::Confidence:
+      return "confidence";
+    case RouterPolicy::Entropy:
+      return "entropy";
+    case RouterPolicy::Margin:
+      return "margin";
+    case RouterPolicy::Random:
+      return "random";
+    case RouterPolicy::Always:
+      return "always";
+    case RouterPolicy::Never:
+      return "never";
+  }
+  return "?";
+}
+
+double default_threshold(RouterPolicy policy) {
+  switch (policy) {
+    case RouterPolicy::Confidence:
+      return 0.5;
+    case RouterPolicy::Entropy:
+      return 2.0;
+    case RouterPolicy::Margin:
+      return 0.8;
+    default:
+      return 0.5;
+  }
+}
+
+RouterConfig parse_router_policy(const std::string& spec) {
+  RouterConfig c;
+  const std::string name = spec.substr(0, spec.find(':'));
+  const bool has_args = spec.find(':') != std::string::npos;
+  if (name == "random") {
+    c.policy = RouterPolicy::Random;
+    if (!has_args)
+      throw std::invalid_argument("router policy 'random' needs a rate: random:RATE[:SEED]");
+    const std::string args = spec.substr(name.size() + 1);
+    const size_t colon = args.find(':');
+    c.random_rate = parse_number(args.substr(0, colon), "random rate");
+    if (!(c.random_rate >= 0 && c.random_rate <= 1)) {
+      throw std::invalid_argument("router policy: random rate " + args.substr(0, colon) +
+                                  " is outside [0, 1]");
+    }
+    if (colon != std::string::npos) {
+      const std::string seed = args.substr(colon + 1);
+      if (seed.empty() || seed.find_first_not_of("0123456789") != std::string::npos) {
+        throw std::invalid_argument("router policy: random seed '" + seed +
+                                    "' is not a non-negative integer");
+      }
+      c.random_seed = std::stoull(seed);
+    }
+    return c;
+  }
+  if (has_args) throw std::invalid_argument("router policy '" + name + "' takes no arguments");
+  if (name == "confidence")
+    c.policy = RouterPolicy::Confidence;
+  else if (name == "entropy")
+    c.policy = RouterPolicy::Entropy;
+  else if (name == "margin")
+    c.policy = RouterPolicy::Margin;
+  else if (name == "always")
+    c.policy = RouterPolicy::Always;
+  else if (name == "never")
+    c.policy = RouterPolicy::Never;
+  else {
+    throw std::invalid_argument("unknown router policy '" + spec +
+                                "' (choices: confidence, entropy, margin, random:RATE[:SEED], "
+                                "always, never)");
+  }
+  c.threshold = default_threshold(c.policy);
+  return c;
+}
+
+// ---- TargetRateController ----
+
+TargetRateController::TargetRateController(double target_rate, int window)
+    : target_(target_rate), window_(static_cast<size_t>(std::max(window, 1))) {
+  if (!(target_rate >= 0 && target_rate <= 1)) {
+    throw std::invalid_argument("target rate " + std::to_string(target_rate) +
+                                " is outside [0, 1]");
+  }
+}
+
+double TargetRateController::level() const {
+  return std::clamp(1.0 - target_ + kGain * integral_, 0.0, 1.0);
+}
+
+double TargetRateController::threshold() const {
+  if (target_ <= 0) return std::numeric_limits<double>::infinity();
+  if (target_ >= 1) return -std::numeric_limits<double>::infinity();
+  if (scores_.empty()) return std::numeric_limits<double>::infinity();
+  auto& sorted = const_cast<std::vector<double>&>(sorted_);
+  sorted.assign(scores_.begin(), scores_.end());
+  // Scores strictly above the level-quantile go to the cloud: with n sorted scores, the one at
+  // index ceil(level * n) - 1 leaves a share (1 - level) above it.
+  const double n = static_cast<double>(sorted.size());
+  const long idx = std::clamp<long>(static_cast<long>(std::ceil(level() * n)) - 1, -1,
+                                    static_cast<long>(sorted.size()) - 1);
+  if (idx < 0) return -std::numeric_limits<double>::infinity();
+  std::nth_element(sorted.begin(), sorted.begin() + idx, sorted.end());
+  return sorted[idx];
+}
+
+void TargetRateController::observe_score(double score) {
+  scores_.push_back(score);
+  if (scores_.size() > window_) scores_.pop_front();
+}
+
+void TargetRateController::observe_outcome(bool cloud, int n_tokens) {
+  if (n_tokens <= 0) return;
+  tokens_ += n_tokens;
+  if (cloud) cloud_tokens_ += n_tokens;
+  integral_ += n_tokens * ((cloud ? 1.0 : 0.0) - target_);
+  integral_ = std::clamp(integral_, -kIntegralLimit, kIntegralLimit);
+}
+
+double TargetRateController::realised_share() const {
+  return tokens_ ? static_cast<double>(cloud_tokens_) / tokens_ : 0.0;
+}
+
+// ---- Router ----
+
+Router::Router(const RouterConfig& config) : config_(config), rng_state_(config.random_seed) {
+  if (config.target_rate && config.policy != RouterPolicy::Always &&
+      config.policy != RouterPolicy::Never && config.policy != RouterPolicy::Random) {
+    controller_.emplace(*config.target_rate, config.window);
+  }
+}
+
+float Router::score(const RouterSignal& s) const {
+  switch (config_.policy) {
+    case RouterPolicy::Confidence:
+      return s.top_probs.empty() ? 1.0f : 1.0f - s.top_probs[0];
+    case RouterPolicy::Entropy:
+      return s.entropy;
+    case RouterPolicy::Margin:
+      return 1.0f - s.margin;
+    case RouterPolicy::Always:
+      return 1.0f;
+    case RouterPolicy::Never:
+      return 0.0f;
+    case RouterPolicy::Random:
+      return 0.0f;  // drawn in decide()
+  }
+  return 0.0f;
+}
+
+double Router::threshold() const {
+  if (controller_) return controller_->threshold();
+  if (config_.policy == RouterPolicy::Random) return 1.0 - config_.random_rate;
+  return config_.threshold;
+}
+
+RouteDecision Router::decide(const RouterSignal& signal) {
+  RouteDecision d;
+  switch (config_.policy) {
+    case RouterPolicy::Always:
+      return {true, 1.0f};
+    case RouterPolicy::Never:
+      return {false, 0.0f};
+    case RouterPolicy::Random: {
+      // score = 1 - u with u uniform in [0, 1): the cloud when u < rate.
+      const double u = (next_random(rng_state_) >> 11) * 0x1.0p-53;
+      d.score = static_cast<float>(1.0 - u);
+      d.cloud = u < config_.random_rate;
+      return d;
+    }
+    default:
+      break;
+  }
+  d.score = score(signal);
+  d.cloud = d.score > threshold();
+  if (controller_) controller_->observe_score(d.score);
+  return d;
+}
+
+void Router::record(bool cloud, int n_tokens) {
+  if (controller_) controller_->observe_outcome(cloud, n_tokens);
+}
+
+}  // namespace tandem

@@ -1,0 +1,795 @@
+// The edge client: URL parsing, the router signal, local mode against plain generation, and the
+// edge against a real `tandem serve` over sockets (started by the tests on a free port):
+// equivalence of route/speculative/cloud modes with each model's greedy output, and the failure
+// paths of DESIGN.md §8 (cloud down, killed, restarted, slow, garbage, other vocabulary).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/testdata.h"
+#include "net/http_client.h"
+#include "tandem/client.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::testdata_path;
+
+// Cloud and edge: two quantizations of one synthetic model (the same vocabulary).
+std::string cloud_model_path() {
+  return testdata_path("models/synth-llama-Q8_0.gguf");
+}
+std::string edge_model_path() {
+  return testdata_path("models/synth-llama-Q4_K_M.gguf");
+}
+
+std::vector<TokenId> greedy(const Model& model, const std::vector<TokenId>& prompt, int n) {
+  Context ctx(model, {.n_ctx = 512, .n_seq = 1, .n_threads = 1});
+  SamplingParams sp;
+  sp.temp = 0;
+  Sampler sampler(sp);
+  return generate(ctx, prompt, n, sampler).ids;
+}
+
+EdgeOptions edge_options(EdgeMode mode, const std::string& policy = "always") {
+  EdgeOptions o;
+  o.mode = mode;
+  o.router = parse_router_policy(policy);
+  o.sampling.temp = 0;
+  o.context = {.n_ctx = 512, .n_seq = 1, .n_threads = 1};
+  o.cloud_timeout_s = 5;
+  o.backoff_initial_s = 0.01;
+  o.backoff_max_s = 0.05;
+  return o;
+}
+
+// ---- a `tandem serve` child process ----
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+class ServeProcess {
+ public:
+  explicit ServeProcess(std::string model, std::vector<std::string> extra = {}, bool tls = false)
+      : model_(std::move(model)), extra_(std::move(extra)), tls_(tls) {}
+  ~ServeProcess() { kill_now(); }
+
+  // Starts the server (on a new free port unless `same_port`) and waits for /health.
+  void start(bool same_port = false) {
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      if (!same_port || port_ == 0) port_ = free_port();
+      log_ = (std::filesystem::temp_directory_path() /
+              ("tandem-serve-" + std::to_string(getpid()) + "-" + std::to_string(port_) + ".log"))
+                 .string();
+      pid_ = fork();
+      if (pid_ == 0) {
+        const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+          dup2(fd, 1);
+          dup2(fd, 2);
+        }
+        const std::string port = std::to_string(port_);
+        std::vector<std::string> args = {TANDEM_BINARY,    "serve",  "-m", model_, "--host",
+                                         "127.0.0.1",      "--port", port, "-t",   "1",
+                                         "--http-threads", "2"};
+        args.insert(args.end(), extra_.begin(), extra_.end());
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execv(TANDEM_BINARY, argv.data());
+        _exit(127);
+      }
+      if (wait_healthy()) return;
+      kill_now();
+      if (same_port) std::this_thread::sleep_for(200ms);
+    }
+    FAIL() << "tandem serve did not come up (log: " << log_ << ")";
+  }
+
+  void kill_now() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  std::string url() const {
+    return (tls_ ? "https" : "http") + std::string("://127.0.0.1:") + std::to_string(port_);
+  }
+
+ private:
+  bool wait_healthy() {
+    net::HttpClient http(net::parse_url(url()), {.insecure = true});
+    for (int i = 0; i < 300; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;  // e.g. the port was taken meanwhile
+      }
+      try {
+        if (http.request("GET", "/health", "", 1000ms).status == 200) return true;
+      } catch (const net::NetError&) {
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  }
+
+  std::string model_;
+  std::vector<std::string> extra_;
+  bool tls_ = false;
+  std::string log_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+// ---- a misbehaving cloud: creates sessions properly, answers steps badly ----
+
+class BadCloud {
+ public:
+  enum class Mode { Garbage, Truncated, Status500, Silent };
+  BadCloud(Mode mode, std::string vocab_hash, int n_vocab)
+      : mode_(mode), vocab_hash_(std::move(vocab_hash)), n_vocab_(n_vocab) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    socklen_t len = sizeof addr;
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    listen(listen_fd_, 16);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~BadCloud() {
+    stop_ = true;
+    shutdown(listen_fd_, SHUT_RDWR);
+    close(listen_fd_);
+    thread_.join();
+    for (auto& t : conns_) t.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int steps() const { return steps_.load(); }
+
+ private:
+  void serve() {
+    for (;;) {
+      const int fd = accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0 || stop_) {
+        if (fd >= 0) close(fd);
+        return;
+      }
+      conns_.emplace_back([this, fd] { handle(fd); });
+    }
+  }
+  void handle(int fd) {
+    std::string in;
+    char buf[4096];
+    for (;;) {
+      // One request: headers, then Content-Length bytes.
+      size_t header_end;
+      while ((header_end = in.find("\r\n\r\n")) == std::string::npos) {
+        const ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) return void(close(fd));
+        in.append(buf, n);
+      }
+      size_t body_len = 0;
+      const size_t cl = in.find("Content-Length: ");
+      if (cl != std::string::npos && cl < header_end) body_len = std::stoul(in.substr(cl + 16));
+      while (in.size() < header_end + 4 + body_len) {
+        const ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) return void(close(fd));
+        in.append(buf, n);
+      }
+      const std::string head = in.substr(0, header_end);
+      in.erase(0, header_end + 4 + body_len);
+      std::string body;
+      int status = 200;
+      if (head.rfind("POST /tandem/v1/sessions HTTP", 0) == 0) {
+        status = 201;
+        body =
+            R"({"session":"s1","pos":0,"protocol":1,"model":{"name":"bad","arch":"llama","n_vocab":)" +
+            std::to_string(n_vocab_) + R"(,"vocab_hash":")" + vocab_hash_ + R"("}})";
+      } else {
+        if (head.find("/step HTTP") != std::string::npos) ++steps_;
+        switch (mode_) {
+          case Mode::Garbage:
+            body = "<html>surprise</html>";
+            break;
+          case Mode::Status500:
+            status = 500;
+            body = R"({"error":{"message":"boom"}})";
+            break;
+          case Mode::Truncated: {
+            const std::string r = "HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n{\"pos\":";
+            send(fd, r.data(), r.size(), MSG_NOSIGNAL);
+            return void(close(fd));
+          }
+          case Mode::Silent:
+            while (!stop_) std::this_thread::sleep_for(10ms);
+            return void(close(fd));
+        }
+      }
+      const std::string r =
+          "HTTP/1.1 " + std::to_string(status) +
+          " X\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+          "\r\n\r\n" + body;
+      send(fd, r.data(), r.size(), MSG_NOSIGNAL);
+    }
+  }
+
+  Mode mode_;
+  std::string vocab_hash_;
+  int n_vocab_;
+  int listen_fd_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> steps_{0};
+  std::thread thread_;
+  std::vector<std::thread> conns_;
+};
+
+// ---- fixtures ----
+
+class EdgeCloudTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cloud_model_ = Model::load(cloud_model_path()).release();
+    edge_model_ = Model::load(edge_model_path()).release();
+    prompt_ = edge_model_->tokenizer().encode("The quick brown fox", true, false);
+    cloud_greedy_ = greedy(*cloud_model_, prompt_, kN);
+    edge_greedy_ = greedy(*edge_model_, prompt_, kN);
+  }
+  static void TearDownTestSuite() {
+    delete cloud_model_;
+    delete edge_model_;
+  }
+
+  std::unique_ptr<CloudBackend> backend(const std::string& url, double timeout_s = 5) {
+    CloudOptions c;
+    c.url = url;
+    c.timeout_s = timeout_s;
+    return make_cloud_backend(c, *edge_model_);
+  }
+
+  static constexpr int kN = 40;
+  static inline Model* cloud_model_ = nullptr;
+  static inline Model* edge_model_ = nullptr;
+  static inline std::vector<TokenId> prompt_, cloud_greedy_, edge_greedy_;
+};
+
+// ---- tests without a server ----
+
+TEST(Url, ParsesHostPortPrefixAndRejectsJunk) {
+  const net::Url a = net::parse_url("http://127.0.0.1:8080");
+  EXPECT_EQ(a.scheme, "http");
+  EXPECT_EQ(a.host, "127.0.0.1");
+  EXPECT_EQ(a.port, 8080);
+  EXPECT_EQ(a.prefix, "");
+  const net::Url b = net::parse_url("https://cloud.example/api/v2/");
+  EXPECT_TRUE(b.tls());
+  EXPECT_EQ(b.port, 443);
+  EXPECT_EQ(b.prefix, "/api/v2");
+  const net::Url c = net::parse_url("http://[::1]:9000/x");
+  EXPECT_EQ(c.host, "::1");
+  EXPECT_EQ(c.port, 9000);
+  EXPECT_THROW(net::parse_url("127.0.0.1:8080"), std::invalid_argument);
+  EXPECT_THROW(net::parse_url("ftp://h"), std::invalid_argument);
+  EXPECT_THROW(net::parse_url("http://h:0"), std::invalid_argument);
+  EXPECT_THROW(net::parse_url("http://h:99999"), std::invalid_argument);
+  EXPECT_THROW(net::parse_url("http://:80"), std::invalid_argument);
+  EXPECT_THROW(net::parse_url("http://h:80/?q=1"), std::invalid_argument);
+}
+
+TEST(Signal, FromLogits) {
+  const std::vector<float> logits = {0.0f, std::log(3.0f), 0.0f,
+                                     std::log(5.0f)};  // p = 1,3,1,5 /10
+  const RouterSignal s = router_signal_from_logits(logits, 7, 3);
+  EXPECT_EQ(s.position, 7);
+  ASSERT_EQ(s.top_probs.size(), 3u);
+  EXPECT_NEAR(s.top_probs[0], 0.5, 1e-6);
+  EXPECT_NEAR(s.top_probs[1], 0.3, 1e-6);
+  EXPECT_NEAR(s.top_probs[2], 0.1, 1e-6);
+  EXPECT_NEAR(s.margin, 0.2, 1e-6);
+  const double h = -(0.5 * std::log(0.5) + 0.3 * std::log(0.3) + 2 * 0.1 * std::log(0.1));
+  EXPECT_NEAR(s.entropy, h, 1e-5);
+  const RouterSignal one = router_signal_from_logits(std::vector<float>{1.0f}, 0, 8);
+  ASSERT_EQ(one.top_probs.size(), 1u);
+  EXPECT_NEAR(one.top_probs[0], 1.0, 1e-6);
+}
+
+TEST(VocabHash, SixteenLowercaseHexDigits) {
+  EXPECT_EQ(vocab_hash_hex(0x44cf87271e39ab39ull), "44cf87271e39ab39");
+  EXPECT_EQ(vocab_hash_hex(0xabcull), "0000000000000abc");
+}
+
+TEST(CloudApi, UnknownApiIsNamed) {
+  auto model = Model::load(edge_model_path());
+  CloudOptions c;
+  c.url = "http://127.0.0.1:1";
+  c.api = "bogus";
+  try {
+    make_cloud_backend(c, *model);
+    FAIL() << "an unknown API was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("bogus"), std::string::npos);
+  }
+  c.url = "not a url";
+  c.api = "tandem";
+  EXPECT_THROW(make_cloud_backend(c, *model), std::invalid_argument);
+}
+
+void expect_local_equals_generate(const std::string& path, int n) {
+  auto model = Model::load(path);
+  const auto prompt = model->tokenizer().encode("Once upon a time", true, false);
+  const auto want = greedy(*model, prompt, n);
+  EdgeOptions o = edge_options(EdgeMode::Local);
+  EdgeDecoder edge(*model, o);
+  edge.start();
+  const EdgeResult r = edge.generate(prompt, n);
+  EXPECT_EQ(r.ids, want);
+  EXPECT_EQ(r.stats.tokens, static_cast<int>(want.size()));
+  EXPECT_EQ(r.stats.cloud_tokens, 0);
+  EXPECT_EQ(r.stats.bytes_up, 0u);
+}
+
+TEST(LocalMode, EqualsGenerateGreedy) {
+  expect_local_equals_generate(edge_model_path(), 48);
+  expect_local_equals_generate(testdata_path("models/synth-gemma3-Q4_K_M.gguf"), 24);
+}
+
+TEST(LocalMode, EqualsGenerateOnTheRealModel) {
+  const char* path = std::getenv("TANDEM_MODEL");
+  std::string p = path ? path : "";
+  if (p.empty()) {
+    const char* home = std::getenv("HOME");
+    p = std::string(home ? home : "/root") + "/.cache/tandem/models/gemma-3-270m-q4_k_m.gguf";
+  }
+  if (!std::filesystem::exists(p)) GTEST_SKIP() << "no real model (set TANDEM_MODEL)";
+  expect_local_equals_generate(p, 16);
+}
+
+TEST(LocalMode, SampledEqualsGenerateWithTheSameSeed) {
+  auto model = Model::load(edge_model_path());
+  const auto prompt = model->tokenizer().encode("Hello", true, false);
+  SamplingParams sp;
+  sp.temp = 0.9f;
+  sp.seed = 1234;
+  Context ctx(*model, {.n_ctx = 256, .n_seq = 1, .n_threads = 1});
+  Sampler sampler(sp);
+  const auto want = generate(ctx, prompt, 32, sampler).ids;
+  EdgeOptions o = edge_options(EdgeMode::Local);
+  o.sampling = sp;
+  EdgeDecoder edge(*model, o);
+  EXPECT_EQ(edge.generate(prompt, 32).ids, want);
+}
+
+// ---- against a real tandem serve ----
+
+TEST_F(EdgeCloudTest, RouteAlwaysEqualsCloudGreedy) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  for (bool sync_ahead : {true, false}) {
+    EdgeOptions o = edge_options(EdgeMode::Route, "always");
+    o.sync_ahead = sync_ahead;
+    EdgeDecoder edge(*edge_model_, o, backend(serve.url()));
+    edge.start();
+    const EdgeResult r = edge.generate(prompt_, kN);
+    EXPECT_EQ(r.ids, cloud_greedy_) << "sync_ahead " << sync_ahead;
+    EXPECT_EQ(r.stats.cloud_tokens, r.stats.tokens);
+    EXPECT_EQ(r.stats.fallbacks, 0);
+    EXPECT_EQ(r.stats.replays, 0);
+    EXPECT_GT(r.stats.bytes_up, 0u);
+    EXPECT_GT(r.stats.bytes_down, 0u);
+    for (TokenSource s : r.sources) EXPECT_EQ(s, TokenSource::Cloud);
+  }
+}
+
+TEST_F(EdgeCloudTest, RouteSpanAndCloudModeEqualCloudGreedy) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  EdgeOptions o = edge_options(EdgeMode::Route, "always");
+  o.route_span = 4;
+  EdgeDecoder span(*edge_model_, o, backend(serve.url()));
+  span.start();
+  const EdgeResult a = span.generate(prompt_, kN);
+  EXPECT_EQ(a.ids, cloud_greedy_);
+  EXPECT_EQ(a.stats.route_events, kN / 4);
+
+  EdgeDecoder cloud(*edge_model_, edge_options(EdgeMode::Cloud), backend(serve.url()));
+  cloud.start();
+  const EdgeResult b = cloud.generate(prompt_, kN);
+  EXPECT_EQ(b.ids, cloud_greedy_);
+  EXPECT_EQ(b.stats.cloud_tokens, kN);
+}
+
+TEST_F(EdgeCloudTest, RouteNeverEqualsEdgeGreedyAndSyncsAhead) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  for (bool sync_ahead : {true, false}) {
+    EdgeOptions o = edge_options(EdgeMode::Route, "never");
+    o.sync_ahead = sync_ahead;
+    EdgeDecoder edge(*edge_model_, o, backend(serve.url()));
+    edge.start();
+    const EdgeResult r = edge.generate(prompt_, kN);
+    EXPECT_EQ(r.ids, edge_greedy_);
+    EXPECT_EQ(r.stats.cloud_tokens, 0);
+    if (sync_ahead) {
+      EXPECT_GT(r.stats.sync_steps, 0);
+    } else {
+      EXPECT_EQ(r.stats.sync_steps, 0);
+    }
+  }
+}
+
+TEST_F(EdgeCloudTest, SyncAheadLeavesLittleToPrefillOnRoute) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  int prefilled[2] = {0, 0};
+  for (bool sync_ahead : {true, false}) {
+    EdgeOptions o = edge_options(EdgeMode::Route, "random:0.25:9");
+    o.sync_ahead = sync_ahead;
+    EdgeDecoder edge(*edge_model_, o, backend(serve.url()));
+    edge.start();
+    const EdgeResult r = edge.generate(prompt_, kN);
+    EXPECT_EQ(r.stats.tokens, kN);
+    EXPECT_GT(r.stats.route_events, 0);
+    EXPECT_EQ(r.stats.fallbacks, 0);
+    prefilled[sync_ahead] = r.stats.prefilled_on_route;
+    // Without sync-ahead every local token is prefilled by a later consultation.
+  }
+  EXPECT_LT(prefilled[1], prefilled[0]);
+}
+
+TEST_F(EdgeCloudTest, SpeculativeEqualsCloudGreedy) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  for (bool sync_ahead : {true, false}) {
+    for (int draft : {1, 4, 8}) {
+      EdgeOptions o = edge_options(EdgeMode::Speculative);
+      o.sync_ahead = sync_ahead;
+      o.draft = draft;
+      EdgeDecoder edge(*edge_model_, o, backend(serve.url()));
+      edge.start();
+      const EdgeResult r = edge.generate(prompt_, kN);
+      EXPECT_EQ(r.ids, cloud_greedy_) << "draft " << draft << " sync_ahead " << sync_ahead;
+      EXPECT_EQ(r.stats.fallbacks, 0);
+      EXPECT_GT(r.stats.drafted, 0);
+    }
+  }
+  // A closer edge model gets drafts accepted.
+  auto close_edge = Model::load(testdata_path("models/synth-llama-Q6_K.gguf"));
+  CloudOptions c;
+  c.url = serve.url();
+  EdgeDecoder edge(*close_edge, edge_options(EdgeMode::Speculative),
+                   make_cloud_backend(c, *close_edge));
+  edge.start();
+  const EdgeResult r = edge.generate(prompt_, kN);
+  EXPECT_EQ(r.ids, cloud_greedy_);
+  EXPECT_GT(r.stats.accepted_drafts, 0);
+}
+
+TEST_F(EdgeCloudTest, MultiTurnKeepsTheCloudSession) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "random:0.5:3"),
+                   backend(serve.url()));
+  edge.start();
+  const EdgeResult first = edge.generate(prompt_, 16);
+  std::vector<TokenId> next = edge.history();
+  const auto more = edge_model_->tokenizer().encode(" and then", false, false);
+  next.insert(next.end(), more.begin(), more.end());
+  const EdgeResult second = edge.generate(next, 16);
+  EXPECT_EQ(second.stats.tokens, 16);
+  EXPECT_EQ(second.stats.replays, 0);
+  EXPECT_GT(second.stats.route_events, 0);
+  // A history that leaves what the cloud holds is replayed into a new session.
+  std::vector<TokenId> other = prompt_;
+  other.push_back(more[0]);
+  const EdgeResult third = edge.generate(other, 8);
+  EXPECT_EQ(third.stats.tokens, 8);
+  EXPECT_EQ(third.stats.replays, 1);
+}
+
+TEST_F(EdgeCloudTest, CloudDownAtStartStillAnswers) {
+  const std::string url = "http://127.0.0.1:" + std::to_string(free_port());
+  EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "always"), backend(url));
+  const std::string line = edge.start();
+  EXPECT_NE(line.find("unavailable"), std::string::npos) << line;
+  const EdgeResult r = edge.generate(prompt_, kN);
+  EXPECT_EQ(r.ids, edge_greedy_);
+  EXPECT_EQ(r.stats.fallbacks, kN);
+  EXPECT_EQ(r.stats.cloud_tokens, 0);
+  EXPECT_TRUE(r.stats.cloud_lost);
+}
+
+TEST_F(EdgeCloudTest, CloudKilledMidAnswerStillAnswers) {
+  for (EdgeMode mode : {EdgeMode::Route, EdgeMode::Speculative, EdgeMode::Cloud}) {
+    ServeProcess serve(cloud_model_path());
+    serve.start();
+    EdgeDecoder edge(*edge_model_, edge_options(mode, "always"), backend(serve.url()));
+    edge.start();
+    int seen = 0;
+    const EdgeResult r = edge.generate(prompt_, kN, [&](const EdgeToken&, std::string_view) {
+      if (++seen == 8) serve.kill_now();
+      return true;
+    });
+    EXPECT_EQ(r.stats.tokens, kN) << edge_mode_name(mode);
+    EXPECT_GT(r.stats.fallbacks, 0) << edge_mode_name(mode);
+    EXPECT_GT(r.stats.cloud_tokens, 0) << edge_mode_name(mode);
+    // Up to the kill the answer is the cloud's.
+    EXPECT_TRUE(std::equal(r.ids.begin(), r.ids.begin() + 8, cloud_greedy_.begin()));
+  }
+}
+
+TEST_F(EdgeCloudTest, CloudRestartedIsReplayed) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "always"), backend(serve.url()));
+  edge.start();
+  int seen = 0;
+  const EdgeResult r = edge.generate(prompt_, kN, [&](const EdgeToken&, std::string_view) {
+    if (++seen == 10) {
+      serve.kill_now();
+      serve.start(/*same_port=*/true);
+    }
+    return true;
+  });
+  // The restarted cloud answers 410 for the old session: a new one gets the whole history,
+  // and the answer is still exactly the cloud's.
+  EXPECT_EQ(r.ids, cloud_greedy_);
+  EXPECT_EQ(r.stats.replays, 1);
+  EXPECT_EQ(r.stats.fallbacks, 0);
+  EXPECT_EQ(r.stats.cloud_tokens, kN);
+}
+
+void expect_vocabulary_refused(EdgeDecoder& edge, const std::string& edge_name,
+                               const std::string& cloud_name, const std::string& edge_hash) {
+  try {
+    edge.start();
+    FAIL() << "a different vocabulary was accepted";
+  } catch (const CloudError& e) {
+    EXPECT_EQ(e.kind(), CloudError::Kind::Fatal);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(edge_name), std::string::npos) << msg;
+    EXPECT_NE(msg.find(cloud_name), std::string::npos) << msg;
+    EXPECT_NE(msg.find(edge_hash), std::string::npos) << msg;
+  }
+}
+
+TEST_F(EdgeCloudTest, OtherVocabularyIsRefusedNamingBoth) {
+  // (The synthetic test models all share one vocabulary: a cloud that reports another.)
+  BadCloud other(BadCloud::Mode::Garbage, "0123456789abcdef", 262144);
+  EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route), backend(other.url()));
+  expect_vocabulary_refused(edge, "synth-llama-Q4_K_M.gguf", "'bad'",
+                            vocab_hash_hex(edge_model_->tokenizer().fingerprint()));
+  EXPECT_EQ(other.steps(), 0);
+}
+
+TEST_F(EdgeCloudTest, RealModelCloudIsRefusedByASyntheticEdge) {
+  const char* env = std::getenv("TANDEM_MODEL");
+  std::string path = env ? env : "";
+  if (path.empty()) {
+    const char* home = std::getenv("HOME");
+    path = std::string(home ? home : "/root") + "/.cache/tandem/models/gemma-3-270m-q4_k_m.gguf";
+  }
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no real model (set TANDEM_MODEL)";
+  ServeProcess serve(path);
+  serve.start();
+  EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route), backend(serve.url()));
+  expect_vocabulary_refused(edge, "synth-llama-Q4_K_M.gguf", "gemma-3-270m",
+                            vocab_hash_hex(edge_model_->tokenizer().fingerprint()));
+}
+
+TEST_F(EdgeCloudTest, MisbehavingCloudFallsBackWithoutCuttingTheAnswer) {
+  const std::string hash = vocab_hash_hex(edge_model_->tokenizer().fingerprint());
+  const int n_vocab = edge_model_->tokenizer().n_vocab();
+  for (auto mode : {BadCloud::Mode::Garbage, BadCloud::Mode::Truncated, BadCloud::Mode::Status500,
+                    BadCloud::Mode::Silent}) {
+    BadCloud bad(mode, hash, n_vocab);
+    EdgeOptions o = edge_options(EdgeMode::Route, "always");
+    o.cloud_timeout_s = 0.3;
+    EdgeDecoder edge(*edge_model_, o, backend(bad.url(), 0.3));
+    edge.start();
+    const auto t0 = std::chrono::steady_clock::now();
+    const EdgeResult r = edge.generate(prompt_, 24);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.ids, std::vector<TokenId>(edge_greedy_.begin(), edge_greedy_.begin() + 24))
+        << static_cast<int>(mode);
+    EXPECT_EQ(r.stats.fallbacks, 24);
+    EXPECT_GT(bad.steps(), 0);
+    EXPECT_LT(s, 20.0);  // backoff keeps a dead cloud from costing a timeout per token
+  }
+}
+
+TEST_F(EdgeCloudTest, HttpsWithSelfSignedCertificate) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tandem-tls-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -keyout " + key + " -out " +
+                          cert +
+                          " -days 1 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 "
+                          ">/dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "no openssl command to make a certificate";
+  ServeProcess serve(cloud_model_path(), {"--ssl-cert", cert, "--ssl-key", key}, /*tls=*/true);
+  serve.start();
+  CloudOptions c;
+  c.url = serve.url();
+  // Not trusted: refused with a message that says how to proceed.
+  {
+    EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "always"),
+                     make_cloud_backend(c, *edge_model_));
+    try {
+      edge.start();
+      FAIL() << "an untrusted certificate was accepted";
+    } catch (const CloudError& e) {
+      EXPECT_EQ(e.kind(), CloudError::Kind::Fatal);
+      EXPECT_NE(std::string(e.what()).find("--insecure"), std::string::npos) << e.what();
+    }
+  }
+  for (int trusted : {0, 1}) {
+    CloudOptions t = c;
+    if (trusted) {
+      t.ca_file = cert;
+    } else {
+      t.insecure = true;
+    }
+    EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "always"),
+                     make_cloud_backend(t, *edge_model_));
+    edge.start();
+    const EdgeResult r = edge.generate(prompt_, kN);
+    EXPECT_EQ(r.ids, cloud_greedy_) << (trusted ? "--ca-file" : "--insecure");
+    EXPECT_EQ(r.stats.fallbacks, 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(EdgeCloudTest, ApiKeyIsSentAndAWrongOneStops) {
+  ServeProcess serve(cloud_model_path(), {"--api-key", "sesame"});
+  serve.start();
+  CloudOptions c;
+  c.url = serve.url();
+  c.api_key = "wrong";
+  EdgeDecoder refused(*edge_model_, edge_options(EdgeMode::Route, "always"),
+                      make_cloud_backend(c, *edge_model_));
+  try {
+    const std::string line = refused.start();
+    FAIL() << "a wrong API key was accepted: " << line;
+  } catch (const CloudError& e) {
+    EXPECT_EQ(e.kind(), CloudError::Kind::Fatal);
+    EXPECT_NE(std::string(e.what()).find("401"), std::string::npos) << e.what();
+  }
+  c.api_key = "sesame";
+  EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "always"),
+                   make_cloud_backend(c, *edge_model_));
+  edge.start();
+  EXPECT_EQ(edge.generate(prompt_, kN).ids, cloud_greedy_);
+}
+
+TEST_F(EdgeCloudTest, StatelessApisOfTandemServe) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  for (const char* api : {"llamacpp", "sglang", "openai"}) {
+    CloudOptions c;
+    c.url = serve.url();
+    c.api = api;
+    // openai answers text only here (no vLLM token ids): the text is tokenized again, which
+    // need not give the ids the cloud sampled, so only llamacpp and sglang must match exactly.
+    const bool exact = std::string(api) != "openai";
+    for (EdgeMode mode : {EdgeMode::Route, EdgeMode::Speculative, EdgeMode::Cloud}) {
+      EdgeDecoder edge(*edge_model_, edge_options(mode, "always"),
+                       make_cloud_backend(c, *edge_model_));
+      edge.start();
+      const EdgeResult r = edge.generate(prompt_, kN);
+      EXPECT_EQ(r.stats.fallbacks, 0) << api << " " << edge_mode_name(mode);
+      EXPECT_EQ(r.stats.tokens, kN) << api << " " << edge_mode_name(mode);
+      if (exact) EXPECT_EQ(r.ids, cloud_greedy_) << api << " " << edge_mode_name(mode);
+    }
+  }
+}
+
+// ---- the command line ----
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+TEST_F(EdgeCloudTest, RunCommandJsonFollowsTheContract) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  const std::string base = std::string(TANDEM_BINARY) + " run -m " + edge_model_path() +
+                           " --cloud " + serve.url() + " -p 'The quick brown fox' -n 40 " +
+                           "--temp 0 -t 1 --json 2>/dev/null";
+  const auto j = nlohmann::json::parse(run_command(base + " --mode route --policy always"));
+  EXPECT_EQ(j["ids"].get<std::vector<TokenId>>(), cloud_greedy_);
+  ASSERT_EQ(j["source"].size(), j["ids"].size());
+  ASSERT_EQ(j["score"].size(), j["ids"].size());
+  EXPECT_EQ(j["source"][0], "cloud");
+  EXPECT_TRUE(j["text"].is_string());
+  for (const char* key :
+       {"tokens", "cloud_tokens", "cloud_share", "route_events", "bytes_up", "bytes_down",
+        "cloud_ms", "local_ms", "ttft_ms", "tok_s", "fallbacks", "replays", "accepted_drafts"}) {
+    EXPECT_TRUE(j["stats"].contains(key)) << key;
+  }
+  EXPECT_EQ(j["stats"]["cloud_share"].get<double>(), 1.0);
+  const auto spec = nlohmann::json::parse(run_command(base + " --mode speculative --draft 3"));
+  EXPECT_EQ(spec["ids"].get<std::vector<TokenId>>(), cloud_greedy_);
+  const auto local = nlohmann::json::parse(run_command(base + " --mode local"));
+  EXPECT_EQ(local["ids"].get<std::vector<TokenId>>(), edge_greedy_);
+}
+
+TEST_F(EdgeCloudTest, RunCommandInteractiveCarriesTheSessionOver) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  const std::string cmd = "printf 'second question\\nthird\\n' | " + std::string(TANDEM_BINARY) +
+                          " run -m " + testdata_path("models/synth-gemma3-Q4_K_M.gguf") +
+                          " --cloud " + serve.url() +
+                          " -i -p 'first question' -n 12 --temp 0 -t 1 --json --mode route "
+                          "--policy random:0.5:1 2>/dev/null";
+  const std::string out = run_command(cmd);
+  std::vector<nlohmann::json> turns;
+  size_t start = 0;
+  for (size_t nl; (nl = out.find('\n', start)) != std::string::npos; start = nl + 1) {
+    if (nl > start) turns.push_back(nlohmann::json::parse(out.substr(start, nl - start)));
+  }
+  ASSERT_EQ(turns.size(), 3u) << out;
+  for (const auto& t : turns) {
+    EXPECT_EQ(t["stats"]["replays"], 0);
+    EXPECT_EQ(t["stats"]["fallbacks"], 0);
+    EXPECT_GT(t["stats"]["tokens"].get<int>(), 0);
+  }
+}
+
+TEST(RunCommand, BadFlagsAreNamed) {
+  const std::string bin = TANDEM_BINARY;
+  const std::string m = " -m " + testing::testdata_path("models/synth-llama-Q4_K_M.gguf");
+  EXPECT_NE(run_command(bin + " run" + m + " --mode route -p x 2>&1").find("--cloud"),
+            std::string::npos);
+  EXPECT_NE(run_command(bin + " run" + m + " --mode sideways -p x 2>&1").find("sideways"),
+            std::string::npos);
+  EXPECT_NE(run_command(bin + " run" + m + " --policy nope -p x 2>&1").find("nope"),
+            std::string::npos);
+  EXPECT_NE(run_command(bin + " run" + m +
+                        " --mode route --cloud http://127.0.0.1:1 --cloud-api grpc -p x 2>&1")
+                .find("grpc"),
+            std::string::npos);
+  EXPECT_NE(
+      run_command(bin + " run" + m + " --mode route --cloud nonsense -p x 2>&1").find("nonsense"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem

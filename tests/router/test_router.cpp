@@ -1,0 +1,150 @@
+// Router policies and the target-rate controller.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+#include "tandem/router.h"
+
+namespace tandem {
+namespace {
+
+RouterSignal signal_with(float p1, float p2, float entropy) {
+  RouterSignal s;
+  s.top_probs = {p1, p2};
+  s.margin = p1 - p2;
+  s.entropy = entropy;
+  return s;
+}
+
+TEST(RouterPolicy, ParsesNamesAndRejectsUnknown) {
+  EXPECT_EQ(parse_router_policy("confidence").policy, RouterPolicy::Confidence);
+  EXPECT_EQ(parse_router_policy("entropy").policy, RouterPolicy::Entropy);
+  EXPECT_EQ(parse_router_policy("margin").policy, RouterPolicy::Margin);
+  EXPECT_EQ(parse_router_policy("always").policy, RouterPolicy::Always);
+  EXPECT_EQ(parse_router_policy("never").policy, RouterPolicy::Never);
+  const RouterConfig r = parse_router_policy("random:0.25:42");
+  EXPECT_EQ(r.policy, RouterPolicy::Random);
+  EXPECT_DOUBLE_EQ(r.random_rate, 0.25);
+  EXPECT_EQ(r.random_seed, 42u);
+  EXPECT_THROW(parse_router_policy("bogus"), std::invalid_argument);
+  EXPECT_THROW(parse_router_policy("random"), std::invalid_argument);
+  EXPECT_THROW(parse_router_policy("random:1.5"), std::invalid_argument);
+  EXPECT_THROW(parse_router_policy("random:x"), std::invalid_argument);
+  EXPECT_THROW(parse_router_policy("random:0.1:-3"), std::invalid_argument);
+  EXPECT_THROW(parse_router_policy("always:3"), std::invalid_argument);
+  try {
+    parse_router_policy("bogus");
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("bogus"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("confidence"), std::string::npos);
+  }
+}
+
+TEST(RouterPolicy, ScoresFollowTheSignal) {
+  RouterConfig c = parse_router_policy("confidence");
+  c.threshold = 0.5;
+  Router conf(c);
+  EXPECT_FLOAT_EQ(conf.score(signal_with(0.9f, 0.05f, 0.3f)), 0.1f);
+  EXPECT_FALSE(conf.decide(signal_with(0.9f, 0.05f, 0.3f)).cloud);
+  EXPECT_TRUE(conf.decide(signal_with(0.3f, 0.2f, 3.0f)).cloud);
+
+  RouterConfig m = parse_router_policy("margin");
+  m.threshold = 0.8;
+  Router margin(m);
+  EXPECT_FLOAT_EQ(margin.score(signal_with(0.5f, 0.4f, 1.0f)), 0.9f);
+  EXPECT_TRUE(margin.decide(signal_with(0.5f, 0.4f, 1.0f)).cloud);
+  EXPECT_FALSE(margin.decide(signal_with(0.95f, 0.01f, 1.0f)).cloud);
+
+  RouterConfig e = parse_router_policy("entropy");
+  e.threshold = 2.0;
+  Router ent(e);
+  EXPECT_FLOAT_EQ(ent.score(signal_with(0.5f, 0.4f, 2.5f)), 2.5f);
+  EXPECT_TRUE(ent.decide(signal_with(0.5f, 0.4f, 2.5f)).cloud);
+  EXPECT_FALSE(ent.decide(signal_with(0.5f, 0.4f, 1.5f)).cloud);
+
+  Router always(parse_router_policy("always"));
+  Router never(parse_router_policy("never"));
+  EXPECT_TRUE(always.decide(signal_with(1.0f, 0.0f, 0.0f)).cloud);
+  EXPECT_FALSE(never.decide(signal_with(0.1f, 0.1f, 9.0f)).cloud);
+}
+
+TEST(RouterPolicy, RandomRateAndSeedAreReproducible) {
+  Router a(parse_router_policy("random:0.3:7"));
+  Router b(parse_router_policy("random:0.3:7"));
+  int cloud = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    const RouteDecision da = a.decide({});
+    const RouteDecision db = b.decide({});
+    ASSERT_EQ(da.cloud, db.cloud);
+    ASSERT_EQ(da.score, db.score);
+    cloud += da.cloud;
+  }
+  EXPECT_NEAR(static_cast<double>(cloud) / n, 0.3, 0.015);
+}
+
+// Feeds the router a long synthetic stream and returns the realised cloud share of tokens.
+template <typename ScoreFn>
+double run_stream(Router& router, int n_decisions, int route_span, ScoreFn next_p1) {
+  long tokens = 0, cloud = 0;
+  for (int i = 0; i < n_decisions; ++i) {
+    const float p1 = next_p1(i);
+    const RouteDecision d = router.decide(signal_with(p1, (1 - p1) / 2, 1.0f));
+    const int n = d.cloud ? route_span : 1;
+    router.record(d.cloud, n);
+    tokens += n;
+    if (d.cloud) cloud += n;
+  }
+  return static_cast<double>(cloud) / tokens;
+}
+
+TEST(TargetRate, TracksTheRateOnAStationaryStream) {
+  for (double rate : {0.05, 0.1, 0.3, 0.6}) {
+    RouterConfig c = parse_router_policy("confidence");
+    c.target_rate = rate;
+    Router router(c);
+    std::mt19937 rng(11);
+    std::gamma_distribution<float> ga(5.0f, 1.0f), gb(1.5f, 1.0f);
+    const double share = run_stream(router, 100000, 1, [&](int) {
+      const float a = ga(rng), b = gb(rng);
+      return a / (a + b);  // beta(5, 1.5): mostly confident, a long tail
+    });
+    EXPECT_NEAR(share, rate, 0.01) << "target " << rate;
+  }
+}
+
+TEST(TargetRate, TracksTheRateWithRouteSpansAndDrift) {
+  RouterConfig c = parse_router_policy("margin");
+  c.target_rate = 0.1;
+  Router router(c);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  // The score distribution drifts slowly from confident to unsure and back; each cloud
+  // decision produces 4 tokens.
+  const int n = 200000;
+  const double share = run_stream(router, n, 4, [&](int i) {
+    const float phase = 0.5f + 0.45f * std::sin(6.2831853f * i / 50000.0f);
+    return std::clamp(phase + 0.3f * (u(rng) - 0.5f), 0.0f, 1.0f);
+  });
+  EXPECT_NEAR(share, 0.1, 0.01);
+}
+
+TEST(TargetRate, ControllerEdgesAndEmptyWindow) {
+  TargetRateController none(0.0, 16);
+  none.observe_score(0.9);
+  EXPECT_TRUE(std::isinf(none.threshold()) && none.threshold() > 0);
+  TargetRateController all(1.0, 16);
+  all.observe_score(0.1);
+  EXPECT_TRUE(std::isinf(all.threshold()) && all.threshold() < 0);
+  TargetRateController fresh(0.2, 16);
+  EXPECT_GT(fresh.threshold(), 1e30);  // nothing seen yet: stay local
+  for (int i = 0; i < 10; ++i) fresh.observe_score(i / 10.0);
+  EXPECT_NEAR(fresh.threshold(), 0.7, 1e-9);  // 20% of {0, .1, ..., .9} lie above 0.7
+  EXPECT_THROW(TargetRateController(1.5, 16), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace tandem
