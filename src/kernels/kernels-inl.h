@@ -88,6 +88,7 @@ struct Scratch {
   std::vector<float> wf, af;  // f16/bf16 rows widened to f32
 #if HWY_TARGET != HWY_SCALAR
   std::vector<float> act_scales;  // f32 scales of 32-element activation blocks
+  std::vector<int32_t> act_sums;  // integer sums of Q8_0 activation blocks
   std::vector<qd::ActScales32> act_rows;
   std::vector<uint8_t> stage_u;  // one decoded K-quant weight row (qd::StagedRowK)
   std::vector<float> stage_f;
@@ -106,6 +107,8 @@ constexpr size_t kActTileBytes = size_t{1} << 20;  // f32 path: widened activati
 // Quantized activation rows per panel of the integer path: small enough to stay in L2 next to
 // the weight rows streaming past.
 constexpr size_t kActPanelBytes = size_t{256} << 10;
+// Decode of at most this many weight bytes per thread interleaves four rows (MatmulQuant).
+constexpr int64_t kInterleaveBytes = int64_t{8} << 20;
 
 template <class T>
 T* Grow(std::vector<T>& v, size_t n) {
@@ -121,32 +124,35 @@ inline bool IsIntType(TensorType t) {
 #if HWY_TARGET != HWY_SCALAR
 constexpr int kTileRows = 4;  // activation rows per weight-row pass of the integer path
 
-// dot(std::integral_constant<int, RA>, a, r, out) sets out[j] to the dot of weight row i with
-// activation row r + j (a[j] points at it), j < RA; the results go to y[(r + j) * y_stride + i].
-template <int RA, class Dot>
+// dot(std::integral_constant<int, RA>, a, r, out) sets out[v * RA + j] to the dot of weight row
+// i + v with activation row r + j (a[j] points at it), v < RW, j < RA; the results go to
+// y[(r + j) * y_stride + i + v].
+template <int RA, int RW, class Dot>
 HWY_INLINE void RunTile(const Dot& dot, const uint8_t* acts, size_t act_stride, int64_t r, float* y,
                         int64_t y_stride, int64_t i) {
   const uint8_t* a[RA];
   for (int j = 0; j < RA; ++j) a[j] = acts + (r + j) * act_stride;
-  float out[RA];
+  float out[RW * RA];
   dot(std::integral_constant<int, RA>(), a, r, out);
-  for (int j = 0; j < RA; ++j) y[(r + j) * y_stride + i] = out[j];
+  for (int v = 0; v < RW; ++v)
+    for (int j = 0; j < RA; ++j) y[(r + j) * y_stride + i + v] = out[v * RA + j];
 }
 
-// Activation rows [p0, p1) against weight row i, kTileRows at a time and then the 1-3 left.
-template <class Dot>
+// Activation rows [p0, p1) against weight rows [i, i + RW), kTileRows at a time and then the 1-3
+// left.
+template <int RW, class Dot>
 HWY_INLINE void RunTiles(const Dot& dot, const uint8_t* acts, size_t act_stride, int64_t p0,
                          int64_t p1, float* y, int64_t y_stride, int64_t i) {
   int64_t r = p0;
   for (; r + kTileRows <= p1; r += kTileRows)
-    RunTile<kTileRows>(dot, acts, act_stride, r, y, y_stride, i);
+    RunTile<kTileRows, RW>(dot, acts, act_stride, r, y, y_stride, i);
   switch (p1 - r) {
     case 3:
-      return RunTile<3>(dot, acts, act_stride, r, y, y_stride, i);
+      return RunTile<3, RW>(dot, acts, act_stride, r, y, y_stride, i);
     case 2:
-      return RunTile<2>(dot, acts, act_stride, r, y, y_stride, i);
+      return RunTile<2, RW>(dot, acts, act_stride, r, y, y_stride, i);
     case 1:
-      return RunTile<1>(dot, acts, act_stride, r, y, y_stride, i);
+      return RunTile<1, RW>(dot, acts, act_stride, r, y, y_stride, i);
     default:
       return;
   }
@@ -230,7 +236,9 @@ int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_b
 // the tiled kernels of tile_dot-inl.h. The rest (decode, small batches, the last rows short of a
 // tile) goes through qd::DotRow, which decodes each weight block in registers once per kTileRows
 // activation rows; the activation rows are then taken in panels that stay in L2 while every
-// weight row of the range streams past once per panel.
+// weight row of the range streams past once per panel. Both paths combine the exact integer
+// block sums in the same f32 order, so an output element does not depend on n_act, on the
+// activation row's place among them or on the weight row's place in a tile (batch invariance).
 template <TensorType T>
 void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin, int64_t row_end,
                  const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
@@ -256,21 +264,40 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
     Scratch& scratch = GetScratch();
     const int64_t nb = k / 32;
     float* buf = Grow(scratch.act_scales, static_cast<size_t>(2 * n_act * nb));
+    int32_t* sums = Grow(scratch.act_sums, static_cast<size_t>(n_act * nb));
     scales = Grow(scratch.act_rows, static_cast<size_t>(n_act));
     for (int64_t r = 0; r < n_act; ++r) {
       float* d = buf + 2 * r * nb;
-      qd::ComputeActScales32(activation_type(T), acts + r * act_stride, nb, d, d + nb);
-      scales[r] = {d, d + nb};
+      qd::ComputeActScales32(activation_type(T), acts + r * act_stride, nb, d, d + nb,
+                             sums + r * nb);
+      scales[r] = {d, d + nb, sums + r * nb};
     }
   }
   for (int64_t p0 = 0; p0 < n_act; p0 += panel) {
     const int64_t p1 = std::min(n_act, p0 + panel);
-    for (int64_t i = row_begin; i < row_end; ++i) {
+    // Four weight rows at a time (qd::RowsPerDot of them per DotRow call: more independent f32
+    // chains), then single rows. Weights streamed from memory (the LM head) go one row at a
+    // time, which keeps a single stream for the prefetchers. The results are the same either way.
+    const bool interleave =
+        (row_end - row_begin) * static_cast<int64_t>(w_stride) <= kInterleaveBytes;
+    int64_t i = row_begin;
+    for (; interleave && i + 4 <= row_end; i += 4) {
+      const uint8_t* wr[4];
+      for (int v = 0; v < 4; ++v) wr[v] = w + (i + v) * w_stride;
+      const auto dot = [&](auto ra, const uint8_t* const* a, int64_t r, float* out) HWY_ATTR {
+        constexpr int RA = decltype(ra)::value;
+        constexpr int RW = qd::RowsPerDot(RA);
+        for (int v = 0; v < 4; v += RW)
+          qd::DotRow<T, RA, RW>(wr + v, a, kBlock32 ? scales + r : nullptr, k, out + v * RA);
+      };
+      RunTiles<4>(dot, acts, act_stride, p0, p1, y, y_stride, i);
+    }
+    for (; i < row_end; ++i) {
       const uint8_t* wr = w + i * w_stride;
       const auto dot = [&](auto ra, const uint8_t* const* a, int64_t r, float* out) HWY_ATTR {
-        qd::DotRow<T, decltype(ra)::value>(wr, a, kBlock32 ? scales + r : nullptr, k, out);
+        qd::DotRow<T, decltype(ra)::value, 1>(&wr, a, kBlock32 ? scales + r : nullptr, k, out);
       };
-      RunTiles(dot, acts, act_stride, p0, p1, y, y_stride, i);
+      RunTiles<1>(dot, acts, act_stride, p0, p1, y, y_stride, i);
     }
   }
 }
@@ -464,10 +491,15 @@ float DotF32T(const float* a, const float* b, int64_t n) {
 // ---------------------------------------------------------------- attention
 
 // RQ query rows x RK key rows: the 2x4 tile loads 6 vectors per 8 FMAs, so it runs at FMA
-// throughput instead of load throughput.
+// throughput instead of load throughput. scores[a * sq + b * sk] = scale * dot(q[a], key b).
+//
+// This is the one order in which attention scores are summed (batch invariance: a query row
+// gets the same scores alone or among others, decode or prefill): lane-wise FMAs over whole
+// vectors of the head dimension, SumOfLanes, then the elements past the last whole vector in
+// order. The result of a (query, key) pair does not depend on RQ, RK or the strides.
 template <int RQ, int RK>
-HWY_INLINE void ScoreTile(const float* q, int64_t hd, const float* k, size_t key_stride,
-                          float scale, float* scores, size_t score_stride) {
+HWY_INLINE void ScoreTile(const float* const* q, int64_t hd, const float* k, size_t key_stride,
+                          float scale, float* scores, size_t sq, size_t sk) {
   const hn::CappedTag<float, 16> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   hn::Vec<decltype(df)> acc[RQ][RK];
@@ -476,7 +508,7 @@ HWY_INLINE void ScoreTile(const float* q, int64_t hd, const float* k, size_t key
   int64_t d = 0;
   for (; d + N <= hd; d += N) {
     hn::Vec<decltype(df)> qv[RQ];
-    for (int a = 0; a < RQ; ++a) qv[a] = hn::LoadU(df, q + a * hd + d);
+    for (int a = 0; a < RQ; ++a) qv[a] = hn::LoadU(df, q[a] + d);
     for (int b = 0; b < RK; ++b) {
       const auto kv = hn::LoadU(df, k + b * key_stride + d);
       for (int a = 0; a < RQ; ++a) acc[a][b] = hn::MulAdd(qv[a], kv, acc[a][b]);
@@ -485,31 +517,33 @@ HWY_INLINE void ScoreTile(const float* q, int64_t hd, const float* k, size_t key
   for (int a = 0; a < RQ; ++a)
     for (int b = 0; b < RK; ++b) {
       float sum = hn::GetLane(hn::SumOfLanes(df, acc[a][b]));
-      for (int64_t e = d; e < hd; ++e) sum += q[a * hd + e] * k[b * key_stride + e];
-      scores[a * score_stride + b] = scale * sum;
+      for (int64_t e = d; e < hd; ++e) sum += q[a][e] * k[b * key_stride + e];
+      scores[a * sq + b * sk] = scale * sum;
     }
 }
 
 // RQ query rows against all n_k keys: 4-key tiles, then single keys.
 template <int RQ>
-HWY_INLINE void ScoreRows(const float* q, int64_t hd, const float* keys, size_t key_stride,
-                          int64_t n_k, float scale, float* scores, size_t score_stride) {
+HWY_INLINE void ScoreRows(const float* const* q, int64_t hd, const float* keys, size_t key_stride,
+                          int64_t n_k, float scale, float* scores, size_t sq, size_t sk) {
   int64_t j = 0;
   for (; j + 4 <= n_k; j += 4)
-    ScoreTile<RQ, 4>(q, hd, keys + j * key_stride, key_stride, scale, scores + j, score_stride);
+    ScoreTile<RQ, 4>(q, hd, keys + j * key_stride, key_stride, scale, scores + j * sk, sq, sk);
   for (; j < n_k; ++j)
-    ScoreTile<RQ, 1>(q, hd, keys + j * key_stride, key_stride, scale, scores + j, score_stride);
+    ScoreTile<RQ, 1>(q, hd, keys + j * key_stride, key_stride, scale, scores + j * sk, sq, sk);
 }
 
 void AttentionScoresT(const float* queries, int64_t n_q, const float* keys, size_t key_stride,
                       int64_t n_k, int64_t hd, float scale, float* scores, size_t score_stride) {
   int64_t q = 0;
-  for (; q + 2 <= n_q; q += 2)
-    ScoreRows<2>(queries + q * hd, hd, keys, key_stride, n_k, scale, scores + q * score_stride,
-                 score_stride);
-  if (q < n_q)
-    ScoreRows<1>(queries + q * hd, hd, keys, key_stride, n_k, scale, scores + q * score_stride,
-                 score_stride);
+  for (; q + 2 <= n_q; q += 2) {
+    const float* qr[2] = {queries + q * hd, queries + (q + 1) * hd};
+    ScoreRows<2>(qr, hd, keys, key_stride, n_k, scale, scores + q * score_stride, score_stride, 1);
+  }
+  if (q < n_q) {
+    const float* qr[1] = {queries + q * hd};
+    ScoreRows<1>(qr, hd, keys, key_stride, n_k, scale, scores + q * score_stride, score_stride, 1);
+  }
 }
 
 // RG output rows, columns [d, d + kCols * N): the accumulators stay in registers over all keys
@@ -582,25 +616,8 @@ void AttentionValuesT(const float* weights, size_t weight_stride, int64_t n_q, c
 
 // Scratch of AttentionRowsT, per thread: queries transposed, then scores/probabilities.
 struct AttentionScratch {
-  std::vector<float> qt;  // [hd][L]
   std::vector<float> st;  // [keys][L]
 };
-
-// st[j * L + lane] = scale * dot(query of lane, key j) for RK keys; qt: [hd][L].
-template <int RK, class DF>
-HWY_INLINE void ScoreLanes(DF df, const float* qt, int64_t hd, const float* k, size_t key_stride,
-                           float scale, float* st) {
-  const size_t L = hn::Lanes(df);
-  hn::Vec<DF> acc[RK];
-  for (int r = 0; r < RK; ++r) acc[r] = hn::Zero(df);
-  for (int64_t d = 0; d < hd; ++d) {
-    const auto qv = hn::LoadU(df, qt + d * L);
-    for (int r = 0; r < RK; ++r)
-      acc[r] = hn::MulAdd(qv, hn::Set(df, k[r * key_stride + d]), acc[r]);
-  }
-  const auto vs = hn::Set(df, scale);
-  for (int r = 0; r < RK; ++r) hn::StoreU(hn::Mul(acc[r], vs), df, st + r * L);
-}
 
 // out rows [g0, g0 + RG) of the lane group, columns [d, d + kCols * L): weights st[j * L + g].
 template <int RG, int kCols, class DF>
@@ -656,18 +673,18 @@ void AttentionRowsT(const float* const* q, float* const* out, int64_t n_q, const
     const int32_t j0 = *std::min_element(lo_l, lo_l + L);
     const int32_t j1 = *std::max_element(hi_l, hi_l + L);
     const int64_t n_j = j1 - j0;
-    float* qt = Grow(scratch.qt, static_cast<size_t>(hd * L));
-    for (int64_t a = 0; a < L; ++a) {
-      const float* qa = q[a0 + std::min(a, na - 1)];
-      for (int64_t d = 0; d < hd; ++d) qt[d * L + a] = qa[d];
-    }
+    // Scores of the lane group's rows, transposed: st[jj * L + a] for key j0 + jj. They are
+    // summed as the per-token kernel sums them (ScoreTile), whatever rows share the group;
+    // lanes past the last row are 0.
     float* st = Grow(scratch.st, static_cast<size_t>(n_j * L));
     const float* k0 = keys + static_cast<size_t>(j0) * key_stride;
-    int64_t j = 0;
-    for (; j + 8 <= n_j; j += 8)
-      ScoreLanes<8>(df, qt, hd, k0 + j * key_stride, key_stride, scale, st + j * L);
-    for (; j < n_j; ++j)
-      ScoreLanes<1>(df, qt, hd, k0 + j * key_stride, key_stride, scale, st + j * L);
+    int64_t a = 0;
+    for (; a + 2 <= na; a += 2)
+      ScoreRows<2>(q + a0 + a, hd, k0, key_stride, n_j, scale, st + a, 1, L);
+    if (a < na) ScoreRows<1>(q + a0 + a, hd, k0, key_stride, n_j, scale, st + a, 1, L);
+    if (na < L) {
+      for (int64_t jj = 0; jj < n_j; ++jj) std::fill(st + jj * L + na, st + (jj + 1) * L, 0.0f);
+    }
     if (softcap > 0) {
       for (int64_t e = 0; e < n_j * L; ++e) st[e] = softcap * std::tanh(st[e] / softcap);
     }

@@ -41,6 +41,8 @@ float vec_dot(TensorType weight_type, int64_t n, const void* w_row, const void* 
 // prepared activation rows. W: [n_w_rows][k] of weight_type (row stride row_bytes(weight_type,
 // k)); acts: n_act rows of activation_type(weight_type), stride act_stride bytes;
 // Y: [n_act][y_stride] f32. Blocked so each weight row is read once for all activation rows.
+// Batch invariant: Y[r][i] is bit for bit the same for any n_act, any place of the activation
+// row among them and any [row_begin, row_end) containing i (on a given SIMD target).
 void matmul_rows(TensorType weight_type, int64_t k, const void* w, int64_t row_begin,
                  int64_t row_end, const void* acts, size_t act_stride, int64_t n_act, float* y,
                  int64_t y_stride);
@@ -77,6 +79,8 @@ void attention_values(const float* weights, size_t weight_stride, int64_t n_q, c
 // s = scale * dot(q[a], keys[j]), taken through softcap * tanh(s / softcap) first when
 // softcap > 0. q[a] / out[a] point at hd / hdv floats; key and value rows are key_stride /
 // value_stride floats apart. Throws std::invalid_argument on an empty or negative range.
+// Batch invariant: out[a] is bit for bit the same whatever the other rows of the call (n_q = 1
+// included), on a given SIMD target.
 void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
                     const int32_t* hi, const float* keys, size_t key_stride, const float* values,
                     size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap);

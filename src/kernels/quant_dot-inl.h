@@ -12,16 +12,18 @@
 //     c = -8d / -16d; Q4_1/Q5_1: c = m), the c term taken against d_a * sum(a) of the activation
 //     block (carried by Q8_1, computed once per call for Q8_0); Q8_0 weights stay signed.
 //     Four blocks go together: their integer sums are folded into one vector with horizontal
-//     pair adds, so the f32 convert/scale/accumulate runs once per four blocks.
+//     pair adds (exact), then combined in f32 block by block in the prefill tiles' order.
 // The multiply is the u8 x s8 -> s16 pairwise multiply-add (pmaddubsw on x86; an emulation from
 // 16-bit ops elsewhere); signed weights go through it as |w| x (a * sign(w)). The s16 pair sums
 // are then multiplied by the sub-block scale (or 1) and summed pairwise into s32 (pmaddwd).
 // No step saturates: |w| <= 128 and |a| <= 127 (quantize_activation_row never writes -128), so a
 // pair sum is at most 2 * 128 * 127 < 2^15, and a super-block's s32 sum stays below 2^31. The
-// integer sums per block are therefore exactly ggml's; only the f32 accumulation order differs.
+// integer sums per block are therefore exactly ggml's; only the f32 accumulation order differs
+// from ggml's. It is the same as the prefill tiles' (tile_dot-inl.h), so that a row's result does
+// not depend on which kernel its batch took (batch invariance).
 //
-// One call of DotRow computes one weight row against RA activation rows (RA = 1 for decode, up to
-// 4 for small batches): each weight block is decoded once and used RA times. Prefill takes the
+// One call of DotRow computes RW weight rows against RA activation rows (RA = 1 for decode, up
+// to 4 for small batches): each weight block is decoded once and used RA times. Prefill takes the
 // tiled kernels of tile_dot-inl.h instead, which stage K-quant rows through StageRowK.
 
 #if defined(TANDEM_QUANT_DOT_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -138,6 +140,11 @@ HWY_INLINE uint16_t LoadU16(const uint8_t* p) {
   return v;
 }
 
+// Fetches the `bytes` at p (never faults, even past the end of the weights).
+HWY_INLINE void PrefetchAt(const uint8_t* p, size_t bytes) {
+  for (size_t off = 0; off < bytes; off += 64) hwy::Prefetch(p + off);
+}
+
 // Decode streams each weight byte once: fetch the `bytes` at p one KiB ahead of the loads.
 HWY_INLINE void PrefetchAhead(const void* p, size_t bytes) {
   const auto* next = static_cast<const uint8_t*>(p) + 1024;
@@ -240,15 +247,16 @@ HWY_INLINE void Decode32(const BlockOf<T>& b, V8* w) {
 }
 
 // f32 scales of one activation row of 32-element blocks (Q8_0 or Q8_1), converted once per call:
-// d[b] and s[b] = d * sum(q) of block b.
+// d[b], s[b] = Q8_1's s field (d * sum(q)) and sum[b] = sum(q) of a Q8_0 block.
 struct ActScales32 {
   const float* d;
   const float* s;
+  const int32_t* sum;
 };
 
-// Fills d[nb] and s[nb] for one Q8_0 / Q8_1 activation row.
+// Fills d[nb] and s[nb] (Q8_1) or sum[nb] (Q8_0) for one activation row.
 HWY_INLINE void ComputeActScales32(TensorType act, const uint8_t* row, int64_t nb, float* d,
-                                   float* s) {
+                                   float* s, int32_t* sum) {
   const D8 d8;
   const DU8 du8;
   const D16 d16;
@@ -262,11 +270,11 @@ HWY_INLINE void ComputeActScales32(TensorType act, const uint8_t* row, int64_t n
       s[b] = HalfToFloat(blk->s);
     } else {
       const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
-      V32 sum = hn::Zero(d32);
+      V32 acc = hn::Zero(d32);
       for (size_t j = 0; j < kPer32; ++j)
-        sum = MulAddPairs(MulPairs(ones8, hn::LoadU(d8, blk->qs + j * kN)), ones16, sum);
+        acc = MulAddPairs(MulPairs(ones8, hn::LoadU(d8, blk->qs + j * kN)), ones16, acc);
       d[b] = HalfToFloat(blk->d);
-      s[b] = d[b] * static_cast<float>(hn::GetLane(hn::SumOfLanes(d32, sum)));
+      sum[b] = hn::GetLane(hn::SumOfLanes(d32, acc));
     }
   }
 }
@@ -283,26 +291,6 @@ HWY_INLINE VF4 HalvesToFloat4(const uint8_t* p, size_t stride) {
   const hn::FixedTag<uint64_t, 1> d64;
   const hn::FixedTag<hwy::float16_t, 4> dh;
   return hn::PromoteTo(DF4(), hn::BitCast(dh, hn::Set(d64, bits)));
-}
-
-// v4 repeated in every 128-bit block of a DF vector.
-template <size_t N = kN>
-HWY_INLINE hn::Vec<hn::Repartition<float, hn::CappedTag<int8_t, N>>> Dup4(VF4 v4) {
-  if constexpr (N == 32) {
-    return hn::Combine(hn::Repartition<float, hn::CappedTag<int8_t, N>>(), v4, v4);
-  } else {
-    return v4;
-  }
-}
-
-// v4 in the low 128 bits of a DF vector, zeros above.
-template <size_t N = kN>
-HWY_INLINE hn::Vec<hn::Repartition<float, hn::CappedTag<int8_t, N>>> Low4(VF4 v4) {
-  if constexpr (N == 32) {
-    return hn::ZeroExtendVector(hn::Repartition<float, hn::CappedTag<int8_t, N>>(), v4);
-  } else {
-    return v4;
-  }
 }
 
 // Horizontal pair add per 128-bit block: [a0 + a1, a2 + a3, b0 + b1, b2 + b3].
@@ -350,35 +338,69 @@ HWY_INLINE const int8_t* ActQs(const uint8_t* row, int64_t b) {
   return reinterpret_cast<const int8_t*>(row + b * static_cast<int64_t>(kBlock) + kQs);
 }
 
-// facc += the f32 value of blocks [b, b + 4) of one activation row: isum from SumBlocks4, dw the
-// weight d of the four blocks (Dup4), c their coefficient of d_a * sum(a) (Low4) when kC.
-template <bool kC>
-HWY_INLINE VF AddBlocks4(VF facc, V32 isum, VF dw, VF c, const ActScales32& as, int64_t b) {
-  const DF df;
-  facc = hn::MulAdd(hn::ConvertTo(df, isum), hn::Mul(dw, hn::LoadDup128(df, as.d + b)), facc);
-  if constexpr (kC) facc = hn::MulAdd(c, Low4(hn::LoadU(DF4(), as.s + b)), facc);
-  return facc;
+using DI4 = hn::FixedTag<int32_t, 4>;
+using VI4 = hn::Vec<DI4>;
+
+// The four exact block sums of SumBlocks4's result (the two 128-bit halves added).
+template <size_t N = kN>
+HWY_INLINE VI4 Fold4(hn::Vec<hn::Repartition<int32_t, hn::CappedTag<int8_t, N>>> v) {
+  if constexpr (N == 32) {
+    const hn::Half<hn::Repartition<int32_t, hn::CappedTag<int8_t, N>>> dh;
+    return hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v));
+  } else {
+    return v;
+  }
 }
 
-// out[r] = dot(weight row w, activation row a[r]) for RA activation rows.
-template <TensorType T, int RA>
-HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActScales32* as,
+// The f32 combine of four blocks, in the order of the prefill tiles (tile_dot-inl.h, lane by
+// lane): acc = fma(i[q], dd[q], acc), then with kMin acc = fma(m[q], s[q], acc), for q = 0..3.
+// acc is a one-lane vector (MulAdd fuses exactly where the tiles' MulAdd does); the operands are
+// stored and reloaded one lane at a time, which keeps the shuffle ports free for the block sums.
+using DF1 = hn::CappedTag<float, 1>;
+using VF1 = hn::Vec<DF1>;
+template <bool kMin>
+HWY_INLINE VF1 BlockTerms4(VF1 acc, VF4 fi, VF4 dd, VF4 m, VF4 s) {
+  const DF1 df1;
+  alignas(16) float f[4], d[4], mm[4], ss[4];
+  hn::Store(fi, DF4(), f);
+  hn::Store(dd, DF4(), d);
+  if constexpr (kMin) {
+    hn::Store(m, DF4(), mm);
+    hn::Store(s, DF4(), ss);
+  }
+  for (int q = 0; q < 4; ++q) {
+    acc = hn::MulAdd(hn::LoadU(df1, f + q), hn::LoadU(df1, d + q), acc);
+    if constexpr (kMin) acc = hn::MulAdd(hn::LoadU(df1, mm + q), hn::LoadU(df1, ss + q), acc);
+  }
+  return acc;
+}
+
+// out[v * RA + r] = dot(weight row w[v], activation row a[r]) for RW weight rows and RA
+// activation rows.
+//
+// Batch invariance: the result must be bit for bit what the prefill tiles compute for the same
+// row (TileDot32), so the f32 combine is theirs, one block after the other: the exact integer dot
+// i_b of block b (offsets included: sum(u * a) - o * sum(a)) is converted and accumulated by
+// acc = fma(i_b, d_w * d_a, acc) (+ fma(m, s_a, acc) for Q4_1/Q5_1). Only the integer work is
+// vectorized across a block's elements; four blocks' sums are folded into one vector (exact
+// integer adds) and the four f32 steps then run as a chain of broadcast FMAs. That chain is one
+// FMA latency per block, so decode (RA = 1) takes several weight rows per call (RW) whose chains
+// overlap.
+template <TensorType T, int RA, int RW>
+HWY_INLINE void DotRow32(const uint8_t* const* w, const uint8_t* const* a, const ActScales32* as,
                          int64_t nb, float* out) {
   using B = BlockOf<T>;
   constexpr bool kSigned = T == TensorType::Q8_0;
   constexpr bool kMin = T == TensorType::Q4_1 || T == TensorType::Q5_1;
+  constexpr int kOffset = OffsetOf(T);
   const D8 d8;
   const DU8 du8;
   const D32 d32;
-  const DF df;
   const DF4 df4;
-  VF facc[RA];
-  float extra[RA];
-  for (int r = 0; r < RA; ++r) {
-    facc[r] = hn::Zero(df);
-    extra[r] = 0.0f;
-  }
-  const B* wb = reinterpret_cast<const B*>(w);
+  const DI4 di4;
+  const DF1 df1;
+  VF1 acc[RW * RA];
+  for (int r = 0; r < RW * RA; ++r) acc[r] = hn::Zero(df1);
   // Integer sum of weight block wq (decoded) with activation block b of row r.
   const auto block_sum = [&](const V8* wq, const VU8* wu, int r, int64_t b) HWY_ATTR {
     const int8_t* aq = ActQs<kMin>(a[r], b);
@@ -396,44 +418,54 @@ HWY_INLINE void DotRow32(const uint8_t* w, const uint8_t* const* a, const ActSca
   };
   int64_t b = 0;
   for (; b + 4 <= nb; b += 4) {
-    if constexpr (RA == 1) PrefetchAhead(wb + b, 4 * sizeof(B));
-    V8 wq[4][kPer32];
-    VU8 wu[4][kPer32];
-    for (int q = 0; q < 4; ++q) {
-      Decode32<T>(wb[b + q], wq[q]);
-      unsigned_of(wq[q], wu[q]);
-    }
-    const auto* base = reinterpret_cast<const uint8_t*>(wb + b);
-    const VF4 dw4 = HalvesToFloat4(base + offsetof(B, d), sizeof(B));
-    const VF dw = Dup4(dw4);
-    VF4 c4 = hn::Zero(df4);  // coefficient of d * sum(a) per block
-    if constexpr (OffsetOf(T) != 0) c4 = hn::Mul(dw4, hn::Set(df4, -float{OffsetOf(T)}));
-    if constexpr (kMin) c4 = HalvesToFloat4(base + offsetof(B, m), sizeof(B));
-    // In the low lanes only: each block's lanes are summed at the end, so the term counts once.
-    const VF c = Low4(c4);
-    for (int r = 0; r < RA; ++r) {
-      const V32 isum =
-          SumBlocks4(block_sum(wq[0], wu[0], r, b), block_sum(wq[1], wu[1], r, b + 1),
-                     block_sum(wq[2], wu[2], r, b + 2), block_sum(wq[3], wu[3], r, b + 3));
-      facc[r] = AddBlocks4<!kSigned>(facc[r], isum, dw, c, as[r], b);
+    for (int v = 0; v < RW; ++v) {
+      const B* wb = reinterpret_cast<const B*>(w[v]);
+      // The rows are consecutive (MatmulQuant): fetch the blocks the next RW rows will take.
+      if constexpr (RA == 1 && RW == 1) PrefetchAhead(wb + b, 4 * sizeof(B));
+      // Consecutive rows (MatmulQuant): fetch the blocks the next RW rows will take.
+      if constexpr (RA == 1 && RW > 1) PrefetchAt(w[v] + (RW * nb + b) * sizeof(B), 4 * sizeof(B));
+      V8 wq[4][kPer32];
+      VU8 wu[4][kPer32];
+      for (int q = 0; q < 4; ++q) {
+        Decode32<T>(wb[b + q], wq[q]);
+        unsigned_of(wq[q], wu[q]);
+      }
+      const auto* base = reinterpret_cast<const uint8_t*>(wb + b);
+      const VF4 dw = HalvesToFloat4(base + offsetof(B, d), sizeof(B));
+      VF4 m = hn::Zero(df4);
+      if constexpr (kMin) m = HalvesToFloat4(base + offsetof(B, m), sizeof(B));
+      for (int r = 0; r < RA; ++r) {
+        VI4 isum =
+            Fold4(SumBlocks4(block_sum(wq[0], wu[0], r, b), block_sum(wq[1], wu[1], r, b + 1),
+                             block_sum(wq[2], wu[2], r, b + 2), block_sum(wq[3], wu[3], r, b + 3)));
+        if constexpr (kOffset != 0)
+          isum = hn::Sub(isum, hn::Mul(hn::LoadU(di4, as[r].sum + b), hn::Set(di4, kOffset)));
+        const VF4 fi = hn::ConvertTo(df4, isum);
+        const VF4 dd = hn::Mul(dw, hn::LoadU(df4, as[r].d + b));
+        const VF4 s = kMin ? hn::LoadU(df4, as[r].s + b) : hn::Zero(df4);
+        acc[v * RA + r] = BlockTerms4<kMin>(acc[v * RA + r], fi, dd, m, s);
+      }
     }
   }
   for (; b < nb; ++b) {
-    V8 wq[kPer32];
-    VU8 wu[kPer32];
-    Decode32<T>(wb[b], wq);
-    unsigned_of(wq, wu);
-    const float dw = HalfToFloat(wb[b].d);
-    float c = 0.0f;
-    if constexpr (OffsetOf(T) != 0) c = -static_cast<float>(OffsetOf(T)) * dw;
-    if constexpr (kMin) c = HalfToFloat(wb[b].m);
-    for (int r = 0; r < RA; ++r) {
-      facc[r] = hn::MulAdd(hn::ConvertTo(df, block_sum(wq, wu, r, b)), hn::Set(df, dw * as[r].d[b]),
-                           facc[r]);
-      if constexpr (!kSigned) extra[r] += c * as[r].s[b];
+    for (int v = 0; v < RW; ++v) {
+      const B* wb = reinterpret_cast<const B*>(w[v]);
+      V8 wq[kPer32];
+      VU8 wu[kPer32];
+      Decode32<T>(wb[b], wq);
+      unsigned_of(wq, wu);
+      const float dw = HalfToFloat(wb[b].d);
+      for (int r = 0; r < RA; ++r) {
+        int32_t isum = hn::GetLane(hn::SumOfLanes(d32, block_sum(wq, wu, r, b)));
+        if constexpr (kOffset != 0) isum -= kOffset * as[r].sum[b];
+        VF1& x = acc[v * RA + r];
+        x = hn::MulAdd(hn::Set(df1, static_cast<float>(isum)), hn::Set(df1, dw * as[r].d[b]), x);
+        if constexpr (kMin)
+          x = hn::MulAdd(hn::Set(df1, HalfToFloat(wb[b].m)), hn::Set(df1, as[r].s[b]), x);
+      }
     }
   }
-  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r])) + extra[r];
+  for (int r = 0; r < RW * RA; ++r) out[r] = hn::GetLane(acc[r]);
 }
 
 // ---------------------------------------------------------------- K-quants
@@ -609,26 +641,35 @@ HWY_INLINE void ForEachChunk(const BlockOf<T>& b, F&& f) {
   }
 }
 
-// facc += the f32 value of one super-block against activation block ab: d * da * isum (the
-// scaled integer sum) - dmin * da * sum(mins * bsums), mins as kPer32 vectors of pair lanes.
-HWY_INLINE VF AddSuperBlock(VF facc, V32 isum, const V16* mins, const BlockQ8_K& ab, float d,
-                            float dmin) {
-  const DF df;
+// acc (every lane the same) after one super-block against activation block ab, in the order of
+// the prefill tiles (TileDotK): the exact integer sums i = sum(s * u * a) and
+// m = sum(mins * bsums) are reduced across lanes (integer adds, exact), then
+// acc = fma(i, d * d_a, acc) and acc = fma(m, dmin * -d_a, acc). mins: kPer32 vectors of pair
+// lanes.
+HWY_INLINE VF4 AddSuperBlock(VF4 acc, V32 isum, const V16* mins, const BlockQ8_K& ab, float d,
+                             float dmin) {
+  const DF4 df4;
   V32 msum = hn::Zero(D32());
   for (size_t h = 0; h < kPer32; ++h)
     msum = MulAddPairs(mins[h], hn::LoadU(D16(), ab.bsums + h * (kN / 2)), msum);
-  facc = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, d * ab.d), facc);
-  return hn::MulAdd(hn::ConvertTo(df, msum), hn::Set(df, -dmin * ab.d), facc);
+  // [i, i, m, m] after pair adds: (i0 + i1, i2 + i3, m0 + m1, m2 + m3) per 128-bit block, the
+  // blocks added, then neighbours.
+  const VI4 y = Fold4(PairAdd(isum, msum));
+  const VF4 f = hn::ConvertTo(df4, hn::Add(y, hn::Shuffle2301(y)));
+  acc = hn::MulAdd(hn::Broadcast<0>(f), hn::Set(df4, d * ab.d), acc);
+  return hn::MulAdd(hn::Broadcast<2>(f), hn::Set(df4, dmin * -ab.d), acc);
 }
 
+// out[r] = dot(weight row w, activation row a[r]) for RA Q8_K activation rows; bit for bit the
+// prefill tiles' result (see AddSuperBlock).
 template <TensorType T, int RA>
 HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, float* out) {
   using B = BlockOf<T>;
   const D8 d8;
   const D32 d32;
-  const DF df;
-  VF facc[RA];
-  for (int r = 0; r < RA; ++r) facc[r] = hn::Zero(df);
+  const DF4 df4;
+  VF4 acc[RA];
+  for (int r = 0; r < RA; ++r) acc[r] = hn::Zero(df4);
   const B* wb = reinterpret_cast<const B*>(w);
   for (int64_t b = 0; b < nb; ++b) {
     if constexpr (RA == 1) PrefetchAhead(wb + b, sizeof(B));
@@ -647,10 +688,9 @@ HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, f
     });
     V16 mins[kPer32];
     MinsOf(s, mins);
-    for (int r = 0; r < RA; ++r)
-      facc[r] = AddSuperBlock(facc[r], iacc[r], mins, *ab[r], s.d, s.dmin);
+    for (int r = 0; r < RA; ++r) acc[r] = AddSuperBlock(acc[r], iacc[r], mins, *ab[r], s.d, s.dmin);
   }
-  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, facc[r]));
+  for (int r = 0; r < RA; ++r) out[r] = hn::GetLane(acc[r]);
 }
 
 // ---- K-quant rows decoded once for the prefill tiles (tile_dot-inl.h)
@@ -690,16 +730,23 @@ HWY_INLINE void StageRowK(const uint8_t* w, int64_t nbk, const StagedRowK& st) {
 
 // ---------------------------------------------------------------- dispatch on the weight type
 
-// out[r] = dot(weight row w, activation row a[r]), r < RA; k elements. as: the activation rows'
-// f32 block scales (32-element types only).
-template <TensorType T, int RA>
-HWY_INLINE void DotRow(const uint8_t* w, const uint8_t* const* a, const ActScales32* as, int64_t k,
-                       float* out) {
+// Weight rows per DotRow call for RA activation rows: enough independent f32 chains (RW * RA) to
+// hide DotRow32's FMA latency.
+constexpr int RowsPerDot(int ra) {
+  return ra == 1 ? 4 : ra == 2 ? 2 : 1;
+}
+
+// out[v * RA + r] = dot(weight row w[v], activation row a[r]), v < RW, r < RA; k elements.
+// as: the activation rows' f32 block scales (32-element types only).
+template <TensorType T, int RA, int RW>
+HWY_INLINE void DotRow(const uint8_t* const* w, const uint8_t* const* a, const ActScales32* as,
+                       int64_t k, float* out) {
   if constexpr (T == TensorType::Q2_K || T == TensorType::Q3_K || T == TensorType::Q4_K ||
                 T == TensorType::Q5_K || T == TensorType::Q6_K) {
-    DotRowK<T, RA>(w, a, k / QK_K, out);
+    // Two FMAs per 256 elements: one row at a time keeps up.
+    for (int v = 0; v < RW; ++v) DotRowK<T, RA>(w[v], a, k / QK_K, out + v * RA);
   } else {
-    DotRow32<T, RA>(w, a, as, k / 32, out);
+    DotRow32<T, RA, RW>(w, a, as, k / 32, out);
   }
 }
 

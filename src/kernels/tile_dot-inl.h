@@ -278,7 +278,9 @@ HWY_INLINE const int8_t* ActBytes(const Acts32& a, int64_t r, int64_t b) {
 // ---------------------------------------------------------------- kernel
 
 // One staged tile against RA activation rows from row r0: y0[(r0 + j) * y_stride + i] for the
-// tile's rows i < kTileW.
+// tile's rows i < kTileW. Its per-row f32 order (block after block, one FMA each, plus the min
+// term) is the engine's reference order: qd::DotRow32 reproduces it bit for bit for decode
+// (batch invariance), and so does TileDotK's for the K-quants (qd::DotRowK).
 template <bool kMin, bool kSign, bool kSdot, int RA>
 HWY_INLINE void TileDot32(const Tile32& tile, const Acts32& acts, int64_t r0, int64_t nb, float* y0,
                           int64_t y_stride) {

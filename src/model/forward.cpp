@@ -151,14 +151,15 @@ void Forward::rope(float* x, int n_heads, int pos, bool swa_layer) {
 // The batch is cut into runs of consecutive tokens of one sequence at consecutive positions
 // (prefill). One job per (run, KV head): all query heads of the run that share the KV head (GQA)
 // go through kernels::attention_rows together, which reads each cached key and value row once
-// for all of them. A run of one token (decode) takes the per-token kernels.
+// for all of them. A run of one token (decode) takes the same kernel: its arithmetic per query
+// row does not depend on the other rows of the run, so a token gets the same attention output
+// alone, in a prefill chunk or next to other sequences' tokens (batch invariance).
 void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& cache) {
   const int n = static_cast<int>(batch.size());
   const int n_head = c_.n_head, n_kv = c_.n_head_kv, hd = c_.head_dim, hdv = c_.head_dim_v;
   const int group = n_head / n_kv;
   const bool swa = c_.layer_is_swa[layer] && c_.sliding_window > 0;
   const int window = c_.sliding_window;
-  const int n_ctx = cache.n_ctx();
   const int kv_stride = cache.kv_dim(), v_stride = cache.v_dim();
   // A key at position p0 is visible to a query at p1 iff p0 <= p1 and, on sliding-window layers,
   // p1 - p0 < window.
@@ -175,9 +176,7 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
     i = e;
   }
   const int n_runs = static_cast<int>(runs_.size());
-  scores_.resize(static_cast<size_t>(pool_.size()) * group * n_ctx);
   pool_.run([&](int t, int n_threads) {
-    float* scores = scores_.data() + static_cast<size_t>(t) * group * n_ctx;  // [group][n_ctx]
     std::vector<const float*> q_rows;
     std::vector<float*> out_rows;
     std::vector<int32_t> lo, hi;
@@ -191,38 +190,22 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
       const float* keys0 = keys + static_cast<size_t>(j0) * kv_stride;
       const float* vals0 = vals + static_cast<size_t>(j0) * v_stride;
       const size_t head0 = static_cast<size_t>(kvh) * group;
-      if (len > 1) {
-        q_rows.clear();
-        out_rows.clear();
-        lo.clear();
-        hi.clear();
-        for (int i = i0; i < i0 + len; ++i) {
-          for (int g = 0; g < group; ++g) {
-            const size_t head = static_cast<size_t>(i) * n_head + head0 + g;
-            q_rows.push_back(q_.data() + head * hd);
-            out_rows.push_back(attn_.data() + head * hdv);
-            lo.push_back(first_key(batch[i].pos) - j0);
-            hi.push_back(batch[i].pos - j0 + 1);
-          }
+      q_rows.clear();
+      out_rows.clear();
+      lo.clear();
+      hi.clear();
+      for (int i = i0; i < i0 + len; ++i) {
+        for (int g = 0; g < group; ++g) {
+          const size_t head = static_cast<size_t>(i) * n_head + head0 + g;
+          q_rows.push_back(q_.data() + head * hd);
+          out_rows.push_back(attn_.data() + head * hdv);
+          lo.push_back(first_key(batch[i].pos) - j0);
+          hi.push_back(batch[i].pos - j0 + 1);
         }
-        kernels::attention_rows(q_rows.data(), out_rows.data(), len * group, lo.data(), hi.data(),
-                                keys0, kv_stride, vals0, v_stride, hd, hdv, c_.kq_scale,
-                                c_.attn_logit_softcap);
-        continue;
       }
-      const float* q0 = q_.data() + (static_cast<size_t>(i0) * n_head + head0) * hd;
-      const int count = bt.pos - j0 + 1;
-      kernels::attention_scores(q0, group, keys0, kv_stride, count, hd, c_.kq_scale, scores, n_ctx);
-      for (int g = 0; g < group; ++g) {
-        float* sg = scores + static_cast<size_t>(g) * n_ctx;
-        if (c_.attn_logit_softcap > 0) {
-          for (int j = 0; j < count; ++j)
-            sg[j] = c_.attn_logit_softcap * std::tanh(sg[j] / c_.attn_logit_softcap);
-        }
-        kernels::softmax(sg, count);
-      }
-      float* out = attn_.data() + (static_cast<size_t>(i0) * n_head + head0) * hdv;
-      kernels::attention_values(scores, n_ctx, group, vals0, v_stride, count, hdv, out, hdv);
+      kernels::attention_rows(q_rows.data(), out_rows.data(), len * group, lo.data(), hi.data(),
+                              keys0, kv_stride, vals0, v_stride, hd, hdv, c_.kq_scale,
+                              c_.attn_logit_softcap);
     }
   });
 }
@@ -286,13 +269,16 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
     norm_rows(L.ffn_norm, x_.data(), cur_.data(), n, D);
     matmul(L.ffn_gate, cur_.data(), n, gate_.data());
     matmul(L.ffn_up, cur_.data(), n, up_.data());
+    // One call per token row: the gates' vector/tail split then falls on the same elements of a
+    // row wherever the row sits in the batch (swiglu's tail is not bit-identical to its vectors).
     for_rows(n, [&](int64_t b, int64_t e) {
-      const size_t off = static_cast<size_t>(b) * c_.n_ff,
-                   len = static_cast<size_t>(e - b) * c_.n_ff;
-      if (c_.ffn_act == FfnActivation::GeluTanh) {
-        kernels::geglu(gate_.data() + off, up_.data() + off, gate_.data() + off, len);
-      } else {
-        kernels::swiglu(gate_.data() + off, up_.data() + off, gate_.data() + off, len);
+      for (int64_t r = b; r < e; ++r) {
+        const size_t off = static_cast<size_t>(r) * c_.n_ff;
+        if (c_.ffn_act == FfnActivation::GeluTanh) {
+          kernels::geglu(gate_.data() + off, up_.data() + off, gate_.data() + off, c_.n_ff);
+        } else {
+          kernels::swiglu(gate_.data() + off, up_.data() + off, gate_.data() + off, c_.n_ff);
+        }
       }
     });
     matmul(L.ffn_down, gate_.data(), n, proj_.data());

@@ -61,17 +61,16 @@ class Forward {
 
   // Scratch, sized for the largest batch seen. n = tokens in the batch.
   int cap_ = 0;
-  std::vector<float> x_;       // [n][n_embd] residual stream
-  std::vector<float> cur_;     // [n][n_embd] normed input of a sub-block
-  std::vector<float> q_;       // [n][q_dim]
-  std::vector<float> k_;       // [n][kv_dim]
-  std::vector<float> v_;       // [n][v_dim]
-  std::vector<float> attn_;    // [n][out_dim]
-  std::vector<float> proj_;    // [n][n_embd]
-  std::vector<float> gate_;    // [n][n_ff]
-  std::vector<float> up_;      // [n][n_ff]
-  std::vector<uint8_t> act_;   // quantized activations, [n][row bytes]
-  std::vector<float> scores_;  // [threads][n_ctx] attention scores
+  std::vector<float> x_;      // [n][n_embd] residual stream
+  std::vector<float> cur_;    // [n][n_embd] normed input of a sub-block
+  std::vector<float> q_;      // [n][q_dim]
+  std::vector<float> k_;      // [n][kv_dim]
+  std::vector<float> v_;      // [n][v_dim]
+  std::vector<float> attn_;   // [n][out_dim]
+  std::vector<float> proj_;   // [n][n_embd]
+  std::vector<float> gate_;   // [n][n_ff]
+  std::vector<float> up_;     // [n][n_ff]
+  std::vector<uint8_t> act_;  // quantized activations, [n][row bytes]
   struct TokenRun {
     int begin, length;
   };
