@@ -30,8 +30,11 @@ std::unique_ptr<Command> make_perplexity_command(CLI::App& app);
 std::unique_ptr<Command> make_synth_command(CLI::App& app);
 std::unique_ptr<Command> make_serve_command(CLI::App& app);
 std::unique_ptr<Command> make_run_command(CLI::App& app);
+std::unique_ptr<Command> make_eval_command(CLI::App& app);
 
 // Shared helpers (main.cpp).
+// The command line this process was started with, shell-quoted where needed (for result files).
+const std::string& invocation();
 bool stderr_is_tty();
 // The prompt from -p (exactly as given), else -f FILE, else stdin.
 std::string read_prompt(const std::string& prompt, const std::string& file, bool have_prompt);

@@ -22,6 +22,14 @@
 
 namespace tandem::cli {
 
+namespace {
+std::string g_invocation;
+}
+
+const std::string& invocation() {
+  return g_invocation;
+}
+
 bool stderr_is_tty() {
   return isatty(STDERR_FILENO) == 1;
 }
@@ -59,7 +67,17 @@ int main(int argc, char** argv) {
   commands.push_back(make_synth_command(app));
   commands.push_back(make_serve_command(app));
   commands.push_back(make_run_command(app));
+  commands.push_back(make_eval_command(app));
 
+  for (int i = 0; i < argc; ++i) {
+    std::string a = i == 0 ? "tandem" : argv[i];
+    if (a.empty() || a.find_first_of(" \t\n'\"$`\\|&;<>()*?!") != std::string::npos) {
+      std::string q = "'";
+      for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      a = q + "'";
+    }
+    g_invocation += (i ? " " : "") + a;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,506 @@
+// tandem eval: quality against cloud share on real benchmarks, through the real system. Each run
+// (local, cloud, route at several target cloud shares, speculative) asks every item of a task
+// through an EdgeDecoder talking to a cloud (a `tandem serve` or any supported backend), logs each
+// item's prompt, output and extracted answer, and ends with a results JSON, a markdown table and
+// plots drawn by gnuplot. An interrupted run resumes from its item logs.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "eval/stats.h"
+#include "eval/tasks.h"
+#include "tandem/client.h"
+#include "tandem/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem::cli {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+using namespace tandem::eval;
+
+// One configuration to evaluate: a mode, and for route mode a policy and a target share.
+struct RunSpec {
+  std::string name;  // "local", "cloud", "route-confidence-5%", "speculative"
+  EdgeMode mode = EdgeMode::Local;
+  std::optional<double> target_rate;
+};
+
+struct ItemRecord {
+  std::string id;
+  bool correct = false;
+  std::string answer;  // "" when none could be extracted
+  int tokens = 0, cloud_tokens = 0, route_events = 0, fallbacks = 0;
+  uint64_t bytes_up = 0, bytes_down = 0;
+  double ms = 0;
+};
+
+std::string percent_name(double r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g%%", 100 * r);
+  return buf;
+}
+
+std::vector<RunSpec> parse_runs(const std::string& modes, const std::vector<double>& rates,
+                                const std::string& policy) {
+  std::vector<RunSpec> runs;
+  std::stringstream ss(modes);
+  std::string m;
+  while (std::getline(ss, m, ',')) {
+    if (m.empty()) continue;
+    EdgeMode mode;
+    try {
+      mode = parse_edge_mode(m);
+    } catch (const std::invalid_argument& e) {
+      throw Error(std::string("--modes: ") + e.what());
+    }
+    if (mode == EdgeMode::Route) {
+      if (rates.empty()) throw Error("--modes has route but --rates is empty");
+      for (double r : rates) runs.push_back({"route-" + policy + "-" + percent_name(r), mode, r});
+    } else {
+      runs.push_back({m, mode, std::nullopt});
+    }
+  }
+  if (runs.empty()) throw Error("--modes names no mode");
+  return runs;
+}
+
+// Reads an item log, keeping whole lines only (a killed run may leave half a line, which is cut
+// off so that appending continues cleanly).
+std::map<std::string, ItemRecord> read_log(const fs::path& path) {
+  std::map<std::string, ItemRecord> done;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return done;
+  std::string content((std::istreambuf_iterator<char>(in)), {});
+  in.close();
+  size_t keep = 0, start = 0;
+  while (start < content.size()) {
+    const size_t nl = content.find('\n', start);
+    if (nl == std::string::npos) break;
+    json j = json::parse(content.substr(start, nl - start), nullptr, false);
+    if (j.is_discarded()) break;
+    ItemRecord r;
+    r.id = j.value("id", "");
+    r.correct = j.value("correct", false);
+    r.answer = j.value("answer", "");
+    r.tokens = j.value("tokens", 0);
+    r.cloud_tokens = j.value("cloud_tokens", 0);
+    r.route_events = j.value("route_events", 0);
+    r.fallbacks = j.value("fallbacks", 0);
+    r.bytes_up = j.value("bytes_up", uint64_t{0});
+    r.bytes_down = j.value("bytes_down", uint64_t{0});
+    r.ms = j.value("ms", 0.0);
+    done[r.id] = r;
+    keep = nl + 1;
+    start = nl + 1;
+  }
+  if (keep < content.size()) fs::resize_file(path, keep);
+  return done;
+}
+
+std::string machine_description() {
+  std::ifstream cpu("/proc/cpuinfo");
+  std::string line, model;
+  while (std::getline(cpu, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return model + ", " + std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores";
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+class EvalCommand : public Command {
+ public:
+  explicit EvalCommand(CLI::App& app)
+      : Command(app.add_subcommand(
+            "eval",
+            "Accuracy against cloud share on a benchmark, through the real system: every mode "
+            "asks every item via the edge decoder and the cloud; writes results.json, "
+            "results.md and plots (gnuplot) to --out; resumes an interrupted run")) {
+    sub_->add_option("-m,--model", model_, "Small (edge) GGUF model")
+        ->default_str(default_model_path());
+    sub_->add_option("--cloud", cloud_.url, "Cloud URL (needed by every mode but local)");
+    sub_->add_option("--cloud-api", cloud_.api, "tandem | openai | sglang | llamacpp")
+        ->capture_default_str();
+    sub_->add_option("--api-key", cloud_.api_key, "Cloud API key");
+    sub_->add_flag("--insecure", cloud_.insecure, "https: do not verify the certificate");
+    sub_->add_option("--task", task_, "csqa | arc-easy | arc-challenge | piqa | gsm8k")->required();
+    sub_->add_option("--modes", modes_, "Comma-separated: local,cloud,route,speculative")
+        ->capture_default_str();
+    sub_->add_option("--rates", rates_, "Route mode: target cloud shares, e.g. 0.02,0.05,0.1")
+        ->delimiter(',')
+        ->check(CLI::Range(0.0, 1.0));
+    sub_->add_option("--policy", policy_, "Route mode's router: confidence | entropy | margin")
+        ->capture_default_str();
+    sub_->add_option("--shots", shots_, "Few-shot examples in the prompt")
+        ->check(CLI::Range(0, 32))
+        ->capture_default_str();
+    sub_->add_option("--limit", limit_, "Items at most (0: all)")->check(CLI::NonNegativeNumber);
+    sub_->add_option("--data", data_, "The benchmark data folder")->capture_default_str();
+    sub_->add_option("--out", out_, "Output folder (default eval-out/TASK)");
+    sub_->add_option("--draft", draft_, "Speculative: drafts per verify")
+        ->check(CLI::Range(1, 64))
+        ->capture_default_str();
+    sub_->add_option("--cloud-timeout", timeout_s_, "Seconds per cloud request")
+        ->capture_default_str();
+    sub_->add_option("-c,--ctx-size", n_ctx_, "Edge context size")->check(CLI::Range(0, 1 << 20));
+    sub_->add_option("-t,--threads", threads_, "Edge threads (default: all cores)");
+    sub_->add_flag("--no-plots", no_plots_, "Skip the gnuplot plots");
+    sub_->add_flag("--json", json_, "Print results.json on stdout too");
+  }
+
+  int run() override {
+    if (model_.empty()) model_ = default_model_path();
+    if (out_.empty()) out_ = "eval-out/" + task_;
+    if (rates_.empty()) rates_ = {0.05, 0.2};
+    const auto runs = parse_runs(modes_, rates_, policy_);
+    for (const auto& r : runs) {
+      if (r.mode != EdgeMode::Local && cloud_.url.empty()) {
+        throw Error("mode " + r.name + " needs --cloud URL");
+      }
+    }
+    Task task = load_task(task_, data_, shots_);
+    if (limit_ > 0 && static_cast<size_t>(limit_) < task.items.size()) task.items.resize(limit_);
+    fs::create_directories(out_);
+    auto model = Model::load(model_);
+    const Tokenizer& tok = model->tokenizer();
+    cloud_.timeout_s = timeout_s_;
+
+    json results;
+    results["command"] = invocation();
+    results["task"] = {{"name", task.name},
+                       {"source", task.source},
+                       {"shots", shots_},
+                       {"shots_from", task.shots_from},
+                       {"items", task.items.size()},
+                       {"header", task.header}};
+    results["edge"] = {{"path", model_},
+                       {"name", model->info().name},
+                       {"vocab_hash", vocab_hash_hex(tok.fingerprint())},
+                       {"file_bytes", model->info().file_bytes}};
+    results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}};
+    results["machine"] = machine_description();
+
+    std::map<std::string, std::map<std::string, ItemRecord>> by_run;
+    for (const RunSpec& spec : runs) {
+      by_run[spec.name] = run_one(spec, task, *model, results);
+    }
+    summarize(runs, task, by_run, results);
+    std::ofstream(fs::path(out_) / "results.json") << results.dump(1) << "\n";
+    if (json_) std::printf("%s\n", results.dump(1).c_str());
+    return 0;
+  }
+
+ private:
+  std::map<std::string, ItemRecord> run_one(const RunSpec& spec, const Task& task,
+                                            const Model& model, json& results) {
+    const fs::path log = fs::path(out_) / ("items-" + spec.name + ".jsonl");
+    auto done = read_log(log);
+    size_t todo = 0;
+    for (const auto& it : task.items) todo += done.count(it.id) == 0;
+    if (todo == 0) {
+      std::fprintf(stderr, "[%s] %zu items already done\n", spec.name.c_str(), done.size());
+      return done;
+    }
+    EdgeOptions opts;
+    opts.mode = spec.mode;
+    opts.sampling.temp = 0;
+    opts.draft = draft_;
+    opts.cloud_timeout_s = timeout_s_;
+    opts.context.n_ctx = n_ctx_;
+    opts.context.n_threads = threads_;
+    opts.router = parse_router_policy(policy_);
+    if (spec.target_rate) opts.router.target_rate = *spec.target_rate;
+    std::unique_ptr<CloudBackend> backend;
+    if (spec.mode != EdgeMode::Local) backend = make_cloud_backend(cloud_, model);
+    EdgeDecoder edge(model, opts, std::move(backend));
+    const std::string cloud_line = edge.start();
+    if (spec.mode != EdgeMode::Local) {
+      std::fprintf(stderr, "[%s] %s\n", spec.name.c_str(), cloud_line.c_str());
+      results["cloud"]["model"] = cloud_line;
+    }
+    std::ofstream out(log, std::ios::app);
+    const Tokenizer& tok = model.tokenizer();
+    const bool tty = stderr_is_tty();
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t n_done = 0, correct = 0, tokens = 0, cloud = 0;
+    for (const auto& [id, r] : done) {
+      correct += r.correct;
+      tokens += r.tokens;
+      cloud += r.cloud_tokens;
+    }
+    for (const Item& item : task.items) {
+      if (done.count(item.id)) continue;
+      const auto ids = tok.encode(item_prompt(task, item), true, false);
+      std::string text;
+      const EdgeResult res =
+          edge.generate(ids, task.max_answer_tokens, [&](const EdgeToken&, std::string_view piece) {
+            text += piece;
+            return !answer_complete(task.kind, text);
+          });
+      const std::string output = cut_answer(task.kind, res.text);
+      const auto answer = task.kind == TaskKind::MultipleChoice
+                              ? extract_choice(output, item.labels)
+                              : extract_number(output);
+      ItemRecord r;
+      r.id = item.id;
+      r.answer = answer.value_or("");
+      r.correct = answer && *answer == item.gold;
+      r.tokens = res.stats.tokens;
+      r.cloud_tokens = res.stats.cloud_tokens;
+      r.route_events = res.stats.route_events;
+      r.fallbacks = res.stats.fallbacks;
+      r.bytes_up = res.stats.bytes_up;
+      r.bytes_down = res.stats.bytes_down;
+      r.ms = res.stats.total_ms;
+      json line = {{"id", r.id},
+                   {"run", spec.name},
+                   {"question", item.question},
+                   {"output", output},
+                   {"answer", answer ? json(*answer) : json(nullptr)},
+                   {"gold", item.gold},
+                   {"correct", r.correct},
+                   {"tokens", r.tokens},
+                   {"cloud_tokens", r.cloud_tokens},
+                   {"route_events", r.route_events},
+                   {"fallbacks", r.fallbacks},
+                   {"bytes_up", r.bytes_up},
+                   {"bytes_down", r.bytes_down},
+                   {"ms", r.ms}};
+      out << line.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+      out.flush();
+      done[r.id] = r;
+      ++n_done;
+      correct += r.correct;
+      tokens += r.tokens;
+      cloud += r.cloud_tokens;
+      progress(spec.name, done.size(), task.items.size(), n_done, todo, correct, tokens, cloud,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), tty);
+    }
+    std::fprintf(stderr, "\n");
+    return done;
+  }
+
+  static void progress(const std::string& name, size_t have, size_t total, size_t n_done,
+                       size_t todo, size_t correct, size_t tokens, size_t cloud, double elapsed,
+                       bool tty) {
+    if (!tty && n_done % 25 != 0 && n_done != todo) return;
+    const double eta = n_done ? elapsed / n_done * (todo - n_done) : 0;
+    const int width = 24;
+    const int filled = static_cast<int>(width * have / std::max<size_t>(total, 1));
+    std::fprintf(stderr, "%s[%s] [%s%s] %zu/%zu  acc %.1f%%  cloud %.1f%%  ETA %dm%02ds%s",
+                 tty ? "\r" : "", name.c_str(), std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), have, total,
+                 100.0 * correct / std::max<size_t>(have, 1),
+                 100.0 * cloud / std::max<size_t>(tokens, 1), static_cast<int>(eta) / 60,
+                 static_cast<int>(eta) % 60, tty ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+  void summarize(const std::vector<RunSpec>& runs, const Task& task,
+                 const std::map<std::string, std::map<std::string, ItemRecord>>& by_run,
+                 json& results) {
+    auto correctness = [&](const std::string& run) {
+      std::vector<bool> v;
+      for (const Item& it : task.items) v.push_back(by_run.at(run).at(it.id).correct);
+      return v;
+    };
+    const bool have_local = by_run.count("local") > 0, have_cloud = by_run.count("cloud") > 0;
+    double acc_local = 0, acc_cloud = 0;
+    json table = json::array();
+    for (const RunSpec& spec : runs) {
+      const auto& recs = by_run.at(spec.name);
+      int64_t n = 0, k = 0, tokens = 0, cloud = 0, events = 0, fallbacks = 0, agree = 0;
+      uint64_t up = 0, down = 0;
+      double ms = 0;
+      for (const Item& it : task.items) {
+        const ItemRecord& r = recs.at(it.id);
+        ++n;
+        k += r.correct;
+        tokens += r.tokens;
+        cloud += r.cloud_tokens;
+        events += r.route_events;
+        fallbacks += r.fallbacks;
+        up += r.bytes_up;
+        down += r.bytes_down;
+        ms += r.ms;
+        if (have_cloud) agree += r.answer == by_run.at("cloud").at(it.id).answer;
+      }
+      const double acc = n ? static_cast<double>(k) / n : 0;
+      if (spec.name == "local") acc_local = acc;
+      if (spec.name == "cloud") acc_cloud = acc;
+      const Interval ci = wilson_interval(k, n);
+      json row = {{"run", spec.name},
+                  {"mode", edge_mode_name(spec.mode)},
+                  {"target_rate", spec.target_rate ? json(*spec.target_rate) : json(nullptr)},
+                  {"items", n},
+                  {"correct", k},
+                  {"accuracy", acc},
+                  {"ci95", {ci.low, ci.high}},
+                  {"cloud_share", tokens ? static_cast<double>(cloud) / tokens : 0.0},
+                  {"route_events", events},
+                  {"fallbacks", fallbacks},
+                  {"bytes_up", up},
+                  {"bytes_down", down},
+                  {"ms_per_answer", n ? ms / n : 0.0},
+                  {"tok_s", ms > 0 ? 1000.0 * tokens / ms : 0.0}};
+      if (have_cloud) row["agreement_with_cloud"] = n ? static_cast<double>(agree) / n : 0.0;
+      const auto mine = correctness(spec.name);
+      if (have_local && spec.name != "local") {
+        const Paired p = compare_paired(mine, correctness("local"));
+        row["vs_local"] = {{"better", p.only_a}, {"worse", p.only_b}, {"mcnemar_p", p.p}};
+      }
+      if (have_cloud && spec.name != "cloud") {
+        const Paired p = compare_paired(mine, correctness("cloud"));
+        row["vs_cloud"] = {{"better", p.only_a}, {"worse", p.only_b}, {"mcnemar_p", p.p}};
+      }
+      table.push_back(row);
+    }
+    if (have_local && have_cloud) {
+      const Paired gap = compare_paired(correctness("cloud"), correctness("local"));
+      results["gap"] = {{"local", acc_local},
+                        {"cloud", acc_cloud},
+                        {"mcnemar_p", gap.p},
+                        {"significant", gap.p < 0.05}};
+      for (auto& row : table) {
+        if (std::abs(acc_cloud - acc_local) > 1e-12) {
+          row["gap_recovered"] =
+              (row["accuracy"].get<double>() - acc_local) / (acc_cloud - acc_local);
+        }
+      }
+    }
+    results["runs"] = table;
+    write_markdown(task, results);
+    if (!no_plots_) plot(results);
+  }
+
+  void write_markdown(const Task& task, const json& results) const {
+    std::ofstream md(fs::path(out_) / "results.md");
+    md << "# " << task.name << ": " << task.items.size() << " items, " << shots_ << " shots\n\n";
+    md << "Command: `" << results["command"].get<std::string>() << "`  \n";
+    md << "Edge: " << results["edge"]["name"].get<std::string>()
+       << "; cloud: " << results["cloud"].value("model", std::string("-"))
+       << "; machine: " << results["machine"].get<std::string>() << "\n\n";
+    md << "| run | accuracy | 95% CI | cloud share | route events | gap recovered | agreement with "
+          "cloud | vs local (McNemar p) | KiB up / down per answer | ms per answer |\n";
+    md << "|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const auto& r : results["runs"]) {
+      const double n = std::max(1.0, r["items"].get<double>());
+      md << "| " << r["run"].get<std::string>() << " | "
+         << fmt("%.1f%%", 100 * r["accuracy"].get<double>()) << " | "
+         << fmt("%.1f", 100 * r["ci95"][0].get<double>()) << "–"
+         << fmt("%.1f", 100 * r["ci95"][1].get<double>()) << " | "
+         << fmt("%.1f%%", 100 * r["cloud_share"].get<double>()) << " | "
+         << r["route_events"].get<int64_t>() << " | "
+         << (r.contains("gap_recovered") ? fmt("%.0f%%", 100 * r["gap_recovered"].get<double>())
+                                         : "–")
+         << " | "
+         << (r.contains("agreement_with_cloud")
+                 ? fmt("%.1f%%", 100 * r["agreement_with_cloud"].get<double>())
+                 : "–")
+         << " | "
+         << (r.contains("vs_local")
+                 ? "+" + std::to_string(r["vs_local"]["better"].get<int64_t>()) + "/−" +
+                       std::to_string(r["vs_local"]["worse"].get<int64_t>()) + " (" +
+                       fmt("%.3g", r["vs_local"]["mcnemar_p"].get<double>()) + ")"
+                 : "–")
+         << " | " << fmt("%.1f", r["bytes_up"].get<double>() / 1024 / n) << " / "
+         << fmt("%.1f", r["bytes_down"].get<double>() / 1024 / n) << " | "
+         << fmt("%.0f", r["ms_per_answer"].get<double>()) << " |\n";
+    }
+    if (results.contains("gap")) {
+      md << "\nLocal " << fmt("%.1f%%", 100 * results["gap"]["local"].get<double>()) << " vs cloud "
+         << fmt("%.1f%%", 100 * results["gap"]["cloud"].get<double>())
+         << ": McNemar p = " << fmt("%.3g", results["gap"]["mcnemar_p"].get<double>())
+         << (results["gap"]["significant"].get<bool>()
+                 ? ".\n"
+                 : " — the pair's accuracy gap is within noise on this task; a 'gap recovered' "
+                   "figure means nothing here.\n");
+    }
+  }
+
+  // Accuracy against cloud share (with 95% intervals), and time per answer, drawn by gnuplot.
+  void plot(const json& results) const {
+    const fs::path dir = out_;
+    {
+      std::ofstream dat(dir / "pareto.dat");
+      for (const auto& r : results["runs"]) {
+        dat << '"' << r["run"].get<std::string>() << "\" " << 100 * r["cloud_share"].get<double>()
+            << " " << 100 * r["accuracy"].get<double>() << " " << 100 * r["ci95"][0].get<double>()
+            << " " << 100 * r["ci95"][1].get<double>() << " " << r["ms_per_answer"].get<double>()
+            << "\n";
+      }
+    }
+    std::ofstream gp(dir / "plots.gp");
+    gp << "set terminal pngcairo size 900,600 font 'sans,11'\n"
+          "set datafile separator ' '\n"
+          "set output '"
+       << (dir / "pareto.png").string()
+       << "'\n"
+          "set title 'Accuracy against cloud share ("
+       << results["task"]["name"].get<std::string>()
+       << ")'\n"
+          "set xlabel 'cloud share of tokens (%)'\nset ylabel 'accuracy (%), 95% CI'\nset grid\n"
+          "set key off\nset offsets 2, 2, 2, 2\n"
+          "plot '"
+       << (dir / "pareto.dat").string()
+       << "' using 2:3:4:5 with yerrorbars pt 7 ps 1.2 lc rgb '#1f77b4', "
+          "'' using 2:3:1 with labels offset 1,1 left font ',9'\n"
+          "set output '"
+       << (dir / "latency.png").string()
+       << "'\n"
+          "set title 'Time per answer'\nset ylabel 'ms per answer'\nset xlabel ''\n"
+          "set style fill solid 0.6\nset boxwidth 0.6\nset yrange [0:*]\nset offsets 0, 0, 0, 0\n"
+          "set xtics rotate by -30\n"
+          "plot '"
+       << (dir / "pareto.dat").string() << "' using 0:6:xtic(1) with boxes lc rgb '#ff7f0e'\n";
+    gp.close();
+    const std::string cmd = "gnuplot '" + (dir / "plots.gp").string() + "' 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    if (p) {
+      char buf[256];
+      while (fgets(buf, sizeof buf, p)) out += buf;
+    }
+    const int rc = p ? pclose(p) : -1;
+    if (rc != 0) {
+      std::fprintf(stderr, "warning: gnuplot failed (is gnuplot-nox installed?): %s\n",
+                   out.c_str());
+    }
+  }
+
+  std::string model_, task_, modes_ = "local,cloud,route,speculative", policy_ = "confidence";
+  std::string data_ = (fs::path(TANDEM_SOURCE_DIR) / ".." / "shared" / "data").string();
+  std::string out_;
+  std::vector<double> rates_;
+  CloudOptions cloud_;
+  int shots_ = 5, limit_ = 0, draft_ = 4, n_ctx_ = 0, threads_ = 0;
+  double timeout_s_ = 10;
+  bool no_plots_ = false, json_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> make_eval_command(CLI::App& app) {
+  return std::make_unique<EvalCommand>(app);
+}
+
+}  // namespace tandem::cli
