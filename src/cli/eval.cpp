@@ -91,9 +91,10 @@ std::map<std::string, ItemRecord> read_log(const fs::path& path) {
     json j = json::parse(content.substr(start, nl - start), nullptr, false);
     if (j.is_discarded()) break;
     ItemRecord r;
-    r.id = j.value("id", "");
+    if (!j.contains("id") || !j["id"].is_string()) break;  // not one of ours: stop reading here
+    r.id = j["id"].get<std::string>();
     r.correct = j.value("correct", false);
-    r.answer = j.value("answer", "");
+    if (j.contains("answer") && j["answer"].is_string()) r.answer = j["answer"].get<std::string>();
     r.tokens = j.value("tokens", 0);
     r.cloud_tokens = j.value("cloud_tokens", 0);
     r.route_events = j.value("route_events", 0);
@@ -250,12 +251,20 @@ class EvalCommand : public Command {
     for (const Item& item : task.items) {
       if (done.count(item.id)) continue;
       const auto ids = tok.encode(item_prompt(task, item), true, false);
-      std::string text;
-      const EdgeResult res =
-          edge.generate(ids, task.max_answer_tokens, [&](const EdgeToken&, std::string_view piece) {
-            text += piece;
-            return !answer_complete(task.kind, text);
-          });
+      std::string text, error;
+      EdgeResult res;
+      try {
+        res = edge.generate(ids, task.max_answer_tokens,
+                            [&](const EdgeToken&, std::string_view piece) {
+                              text += piece;
+                              return !answer_complete(task.kind, text);
+                            });
+      } catch (const Error& e) {  // e.g. a prompt longer than the context: logged, scored wrong
+        error = e.what();
+        if (errors_++ < 3) {
+          std::fprintf(stderr, "\n[%s] %s: %s\n", spec.name.c_str(), item.id.c_str(), e.what());
+        }
+      }
       const std::string output = cut_answer(task.kind, res.text);
       const auto answer = task.kind == TaskKind::MultipleChoice
                               ? extract_choice(output, item.labels)
@@ -285,6 +294,7 @@ class EvalCommand : public Command {
                    {"bytes_up", r.bytes_up},
                    {"bytes_down", r.bytes_down},
                    {"ms", r.ms}};
+      if (!error.empty()) line["error"] = error;
       out << line.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
       out.flush();
       done[r.id] = r;
@@ -459,7 +469,7 @@ class EvalCommand : public Command {
        << results["task"]["name"].get<std::string>()
        << ")'\n"
           "set xlabel 'cloud share of tokens (%)'\nset ylabel 'accuracy (%), 95% CI'\nset grid\n"
-          "set key off\nset offsets 2, 2, 2, 2\n"
+          "set key off\nset xrange [-5:105]\nset yrange [0:*]\n"
           "plot '"
        << (dir / "pareto.dat").string()
        << "' using 2:3:4:5 with yerrorbars pt 7 ps 1.2 lc rgb '#1f77b4', "
@@ -468,7 +478,7 @@ class EvalCommand : public Command {
        << (dir / "latency.png").string()
        << "'\n"
           "set title 'Time per answer'\nset ylabel 'ms per answer'\nset xlabel ''\n"
-          "set style fill solid 0.6\nset boxwidth 0.6\nset yrange [0:*]\nset offsets 0, 0, 0, 0\n"
+          "set style fill solid 0.6\nset boxwidth 0.6\nset xrange [*:*]\nset yrange [0:*]\n"
           "set xtics rotate by -30\n"
           "plot '"
        << (dir / "pareto.dat").string() << "' using 0:6:xtic(1) with boxes lc rgb '#ff7f0e'\n";
@@ -495,6 +505,7 @@ class EvalCommand : public Command {
   int shots_ = 5, limit_ = 0, draft_ = 4, n_ctx_ = 0, threads_ = 0;
   double timeout_s_ = 10;
   bool no_plots_ = false, json_ = false;
+  int errors_ = 0;
 };
 
 }  // namespace

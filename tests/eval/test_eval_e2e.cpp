@@ -1,0 +1,111 @@
+// tandem eval end to end on the testdata models through a real `tandem serve` on 127.0.0.1:
+// every mode runs, the result files and plots appear, and a run killed half-way resumes without
+// asking any item twice.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "../server/server_harness.h"
+#include "common/testdata.h"
+
+namespace tandem::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<json> read_lines(const fs::path& p) {
+  std::vector<json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+pid_t spawn(const std::vector<std::string>& args) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (auto a : args) argv.push_back(strdup(a.c_str()));
+    argv.push_back(nullptr);
+    freopen("/dev/null", "w", stderr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(EvalEndToEnd, AllModesThroughALoopbackServerAndResume) {
+  const std::string cloud = testdata_path("models/synth-llama-Q8_0.gguf");
+  const std::string edge = testdata_path("models/synth-llama-Q4_0.gguf");
+  ServerProcess server(cloud);
+  const fs::path out = fs::temp_directory_path() / ("tandem-eval-" + std::to_string(getpid()));
+  fs::remove_all(out);
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port());
+  auto args = [&](int limit) {
+    return std::vector<std::string>{TANDEM_BINARY, "eval",
+                                    "-m",          edge,
+                                    "--cloud",     url,
+                                    "--task",      "arc-easy",
+                                    "--shots",     "1",
+                                    "--limit",     std::to_string(limit),
+                                    "--modes",     "local,cloud,route,speculative",
+                                    "--rates",     "0.3",
+                                    "--out",       out.string(),
+                                    "-t",          "1",
+                                    "-c",          "1024"};
+  };
+  // A first run, killed once a few local items are logged.
+  const pid_t first = spawn(args(40));
+  const fs::path local_log = out / "items-local.jsonl";
+  for (int i = 0; i < 600; ++i) {
+    if (fs::exists(local_log) && read_lines(local_log).size() >= 5) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(first, SIGKILL);
+  wait_exit(first);
+  const size_t before = fs::exists(local_log) ? read_lines(local_log).size() : 0;
+  ASSERT_GE(before, 5u);
+
+  ASSERT_EQ(wait_exit(spawn(args(40))), 0);
+  for (const char* run : {"local", "cloud", "route-confidence-30%", "speculative"}) {
+    SCOPED_TRACE(run);
+    const auto lines = read_lines(out / (std::string("items-") + run + ".jsonl"));
+    std::set<std::string> ids;
+    for (const auto& l : lines) {
+      ids.insert(l["id"].get<std::string>());
+      EXPECT_TRUE(l.contains("output") && l.contains("answer") && l.contains("question"));
+    }
+    EXPECT_EQ(lines.size(), 40u) << "every item once";
+    EXPECT_EQ(ids.size(), 40u);
+  }
+  const json results = json::parse(std::ifstream(out / "results.json"));
+  ASSERT_EQ(results["runs"].size(), 4u);
+  for (const auto& r : results["runs"]) {
+    EXPECT_EQ(r["items"], 40);
+    EXPECT_GE(r["accuracy"].get<double>(), r["ci95"][0].get<double>());
+    EXPECT_LE(r["accuracy"].get<double>(), r["ci95"][1].get<double>());
+  }
+  EXPECT_EQ(results["runs"][1]["cloud_share"], 1.0) << "cloud mode: every token from the cloud";
+  EXPECT_EQ(results["runs"][0]["cloud_share"], 0.0);
+  EXPECT_EQ(results["runs"][3]["agreement_with_cloud"], 1.0)
+      << "speculative answers are the cloud's greedy answers";
+  EXPECT_TRUE(fs::exists(out / "results.md"));
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    EXPECT_GT(fs::file_size(out / "pareto.png"), 1000u);
+    EXPECT_GT(fs::file_size(out / "latency.png"), 1000u);
+  }
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace tandem::testing
