@@ -133,8 +133,12 @@ struct EdgeOptions {
   RouterConfig router;
   int route_span = 1;      // cloud tokens per route event
   int draft = 4;           // speculative: drafts per verify
-  int cloud_chunk = 16;    // cloud mode: tokens per step
+  int cloud_chunk = 16;    // cloud mode: tokens per step (the first steps ramp up 1, 2, 4, ...)
   bool sync_ahead = true;  // push locally decided tokens to the cloud in the background
+  // Push once this many local tokens have gathered: 1 keeps the cloud's KV fully warm; more
+  // spends fewer requests (each ~250 bytes of HTTP) and leaves < sync_every tokens to prefill
+  // on a route event.
+  int sync_every = 4;
   double cloud_timeout_s = 10;
   double backoff_initial_s = 0.25;
   double backoff_max_s = 8;

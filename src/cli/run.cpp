@@ -118,6 +118,10 @@ class RunCommand : public Command {
         ->capture_default_str();
     sub_->add_flag("--no-sync-ahead", no_sync_ahead_,
                    "Do not push locally decided tokens to the cloud in the background");
+    sub_->add_option("--sync-every", opts_.sync_every,
+                     "Sync ahead once N local tokens have gathered (1: after every token)")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
     sub_->add_option("--cloud-timeout", opts_.cloud_timeout_s,
                      "Seconds a cloud request may take (connect included) before the device "
                      "decodes the token itself")

@@ -60,6 +60,7 @@ EdgeDecoder::EdgeDecoder(const Model& small, const EdgeOptions& options,
   if (options_.route_span < 1) throw Error("--route-span must be at least 1");
   if (options_.draft < 1) throw Error("--draft must be at least 1");
   if (options_.cloud_chunk < 1) options_.cloud_chunk = 1;
+  if (options_.sync_every < 1) throw Error("--sync-every must be at least 1");
   if (!(options_.cloud_timeout_s > 0)) throw Error("--cloud-timeout must be positive");
   ctx_ = std::make_unique<Context>(small, options_.context);
   if (cloud && options_.mode != EdgeMode::Local) {
@@ -157,7 +158,14 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
   local_ms_ = 0;
   const bool use_cloud = link_ && options_.mode != EdgeMode::Local;
   // The prompt goes up while the small model prefills it.
-  if (use_cloud && options_.sync_ahead) link_->sync(history_);
+  size_t synced = 0;  // history length last pushed
+  auto maybe_sync = [&](bool force) {
+    if (!use_cloud || !options_.sync_ahead) return;
+    if (!force && history_.size() < synced + static_cast<size_t>(options_.sync_every)) return;
+    link_->sync(history_);
+    synced = history_.size();
+  };
+  maybe_sync(true);
 
   const auto t_start = Clock::now();
   StreamDecoder stream(tok);
@@ -259,7 +267,7 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
         }
         router_.record(false, 1);
         stopped = !emit(sample_local(), TokenSource::Local, score);
-        if (!stopped && use_cloud && options_.sync_ahead) link_->sync(history_);
+        if (!stopped) maybe_sync(false);
         break;
       }
       case EdgeMode::Speculative: {
@@ -306,7 +314,9 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
       case EdgeMode::Cloud: {
         std::optional<CloudStepResult> r;
         if (link_ && link_->ready()) {
-          r = consult(cloud_generate_op(std::min(options_.cloud_chunk, remaining())));
+          // Small first steps so the first token streams early, then full chunks.
+          const int chunk = std::min(options_.cloud_chunk, 1 << std::min(st.route_events, 16));
+          r = consult(cloud_generate_op(std::min(chunk, remaining())));
         }
         if (r) {
           stopped = !emit_cloud(*r, 1.0f, 0);
