@@ -440,6 +440,7 @@ struct CompletionRequest {
   bool want_logprobs = false;
   int prompt_logprobs_from = -1;  // -1: none; else positions >= this get logprobs
   int prompt_top_n = 0;
+  bool prompt_logprobs_field = false;  // vLLM's prompt_logprobs was asked for by name
   bool echo = false;
   bool stream = false;
   bool return_tokens = false;
@@ -538,6 +539,10 @@ class CompletionJob : public Job {
       const double log_z = log_normalizer(logits);
       prompt_lp_[cached + index + 1] = PromptLp{static_cast<float>(logits[next] - log_z),
                                                 top_n(logits, req_.prompt_top_n, log_z)};
+      return;
+    }
+    if (req_.max_tokens == 0) {  // prompt log-probabilities (echo) only
+      finish_ = "length";
       return;
     }
     const TokenId t = sampler_.sample(logits);
@@ -731,7 +736,7 @@ class CompletionJob : public Job {
                        {"finish_reason", finish_},
                        {"logprobs", nullptr}};
         if (req_.want_logprobs) choice["logprobs"] = openai_logprobs(0, generated_.size(), 0);
-        if (req_.prompt_logprobs_from >= 0) {
+        if (req_.prompt_logprobs_field) {
           json pl = json::array();
           for (size_t i = 0; i < req_.prompt.size(); ++i) {
             if (!prompt_lp_[i]) {
@@ -1099,6 +1104,7 @@ struct Api::Impl {
         if (field(j, "prompt_logprobs")) {
           r.prompt_top_n = static_cast<int>(get_int(j, "prompt_logprobs", 0, 0, options.max_top_n));
           r.prompt_logprobs_from = 1;
+          r.prompt_logprobs_field = true;
         }
         if (r.echo && r.want_logprobs && r.prompt_logprobs_from < 0) r.prompt_logprobs_from = 1;
         break;

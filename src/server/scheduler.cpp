@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <random>
 
@@ -29,6 +30,13 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
     throw Error("the server needs at least one session slot and one stateless slot");
   }
   if (options_.batch_tokens < 1) throw Error("the batch token budget must be at least 1");
+  for (char ch : options_.session_prefix) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') {
+      throw Error("--session-prefix '" + options_.session_prefix +
+                  "' may hold only letters, digits, '-' and '_'");
+    }
+  }
+  if (options_.session_prefix.size() > 16) throw Error("--session-prefix is longer than 16 characters");
   ContextParams cp;
   cp.n_ctx = options_.n_ctx;
   cp.n_seq = options_.max_sessions + options_.stateless_slots;
@@ -86,7 +94,7 @@ std::optional<std::string> Scheduler::create_session() {
   uint64_t z = id_salt_ + 0x9E3779B97F4A7C15ull * ++next_id_;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  s.id = hex64(z ^ (z >> 31)) + hex64(next_id_ ^ id_salt_);
+  s.id = options_.session_prefix + hex64(z ^ (z >> 31)) + hex64(next_id_ ^ id_salt_);
   slots_to_release_.push_back(s.slot);
   const std::string id = s.id;
   sessions_.emplace(id, std::move(s));

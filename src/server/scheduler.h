@@ -90,6 +90,9 @@ struct SchedulerOptions {
   uint64_t kv_cap_bytes = 0;    // 0: as much as n_ctx × slots needs
   double idle_timeout_s = 600;  // sessions unused this long expire
   int n_threads = 0;
+  // Prepended to session ids, so a proxy in front of several replicas can route a session's
+  // steps to the replica that holds it by the id alone (docs/deploy.md).
+  std::string session_prefix;
 };
 
 struct SessionInfo {

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Benchmarks of `tandem serve` on 127.0.0.1 (docs/benchmarks.md quotes its output).
+
+  scripts/bench_serve.py [--model M] [--server-cores 1] [--client-cores 0] [--threads 1]
+                         [--seconds 15] [--reps 3] [--sessions 1,8,32,64] [--json]
+
+1. Throughput: N concurrent sessions each append a 32-token prompt, then ask for 16 tokens per
+   step until the time is up; generated tokens per second over all sessions (median of --reps
+   runs, with min..max), and the ratio to one session.
+2. Step latency: one session, each step appends 1 token and generates 1 (what a route event
+   costs), next to one bare engine decode step (`tandem bench -p 0 -n 128` on the same cores).
+3. Bytes per step against context length: the request and answer bytes of such a step at
+   contexts 64..2048, for the native protocol and, for comparison, a stateless
+   /v1/completions request carrying the whole context as token ids.
+
+The server runs pinned to --server-cores (taskset), the clients to --client-cores.
+"""
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Conn:
+    """One keep-alive HTTP connection that counts the bytes it sends and receives."""
+
+    def __init__(self, port):
+        self.c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        self.sent = self.received = 0
+
+    def post(self, path, body):
+        data = json.dumps(body, separators=(",", ":")).encode()
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n").encode()
+        self.c.putrequest("POST", path, skip_accept_encoding=True, skip_host=True)
+        self.c.putheader("Host", "127.0.0.1")
+        self.c.putheader("Content-Type", "application/json")
+        self.c.putheader("Content-Length", str(len(data)))
+        self.c.endheaders(data)
+        self.sent += len(head) + len(data)
+        r = self.c.getresponse()
+        payload = r.read()
+        status_line = f"HTTP/1.1 {r.status} {r.reason}\r\n"
+        self.received += len(status_line) + len(str(r.headers)) + len(payload)
+        return r.status, json.loads(payload)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, extra=()):
+    port = free_port()
+    cmd = ["taskset", "-c", args.server_cores, args.tandem, "serve", "-m", args.model,
+           "--port", str(port), "-t", str(args.threads), "--max-sessions", "72", "-c", "2304",
+           *extra]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    sys.exit("server did not start")
+
+
+def new_session(conn):
+    status, body = conn.post("/tandem/v1/sessions", {})
+    assert status == 201, body
+    return body["session"]
+
+
+def throughput(port, n_sessions, seconds):
+    prompt = [2] + [(i * 7919) % 200000 + 1000 for i in range(31)]
+    counts = [0] * n_sessions
+    start = threading.Barrier(n_sessions + 1)
+    stop_at = [0.0]
+    errors = []
+
+    def worker(i):
+        conn = Conn(port)
+        sid = new_session(conn)
+        status, body = conn.post(f"/tandem/v1/sessions/{sid}/step",
+                                 {"expected_pos": 0, "append": prompt[:-1] + [prompt[-1] + i]})
+        pos = body["pos"]
+        start.wait()
+        while time.time() < stop_at[0]:
+            if pos > 2200:
+                sid = new_session(conn)
+                conn.post(f"/tandem/v1/sessions/{sid}/step", {"expected_pos": 0, "append": prompt})
+                pos = len(prompt)
+            status, body = conn.post(f"/tandem/v1/sessions/{sid}/step",
+                                     {"expected_pos": pos, "generate": {"n": 16}})
+            if status != 200:
+                errors.append(body)
+                return
+            pos = body["pos"]
+            if time.time() <= stop_at[0]:
+                counts[i] += len(body["tokens"])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_sessions)]
+    for t in threads:
+        t.start()
+    stop_at[0] = time.time() + 1e9
+    start.wait()
+    t0 = time.time()
+    stop_at[0] = t0 + seconds
+    for t in threads:
+        t.join()
+    if errors:
+        sys.exit(f"errors: {errors[:3]}")
+    return sum(counts) / (time.time() - t0 if time.time() - t0 < seconds * 1.5 else seconds)
+
+
+def step_latency(port, n_steps=100):
+    conn = Conn(port)
+    sid = new_session(conn)
+    status, body = conn.post(f"/tandem/v1/sessions/{sid}/step",
+                             {"expected_pos": 0, "append": [2, 818, 5279, 529, 7001, 563],
+                              "generate": {"n": 1}})
+    pos, last = body["pos"], body["tokens"][-1]
+    times = []
+    for _ in range(n_steps):
+        t0 = time.perf_counter()
+        status, body = conn.post(f"/tandem/v1/sessions/{sid}/step",
+                                 {"expected_pos": pos, "append": [last], "generate": {"n": 1}})
+        times.append((time.perf_counter() - t0) * 1000)
+        pos, last = body["pos"], body["tokens"][-1]
+    times.sort()
+    return statistics.median(times), times[int(0.95 * (len(times) - 1))]
+
+
+def bare_decode_ms(args):
+    out = subprocess.run(["taskset", "-c", args.server_cores, args.tandem, "bench", "-m", args.model,
+                          "-p", "0", "-n", "128", "-t", str(args.threads), "-r", "5", "--json"],
+                         capture_output=True, text=True, check=True)
+    return 1000.0 / json.loads(out.stdout)["tg"]["tok_s"]
+
+
+def bytes_per_step(port, contexts):
+    rows = []
+    for n_ctx in contexts:
+        history = [2] + [(i * 104729) % 200000 + 1000 for i in range(n_ctx - 1)]
+        conn = Conn(port)
+        sid = new_session(conn)
+        conn.post(f"/tandem/v1/sessions/{sid}/step", {"expected_pos": 0, "append": history})
+        conn.sent = conn.received = 0
+        status, body = conn.post(f"/tandem/v1/sessions/{sid}/step",
+                                 {"expected_pos": n_ctx, "append": [1234], "generate": {"n": 1}})
+        native = (conn.sent, conn.received)
+        conn.sent = conn.received = 0
+        conn.post("/v1/completions", {"prompt": history + [1234], "max_tokens": 1,
+                                      "temperature": 0, "logprobs": 1})
+        rows.append({"context": n_ctx, "native_up": native[0], "native_down": native[1],
+                     "openai_up": conn.sent, "openai_down": conn.received})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--tandem", default=os.path.join(ROOT, "build", "tandem"))
+    ap.add_argument("--model", default=os.environ.get("TANDEM_MODEL") or subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "fetch_model.sh")], capture_output=True,
+        text=True).stdout.strip())
+    ap.add_argument("--server-cores", default="1")
+    ap.add_argument("--client-cores", default="0")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sessions", default="1,8,32,64")
+    ap.add_argument("--contexts", default="64,256,1024,2048")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    os.sched_setaffinity(0, {int(c) for c in args.client_cores.split(",")})
+
+    result = {"model": args.model, "server_cores": args.server_cores, "threads": args.threads}
+    proc, port = start_server(args)
+    try:
+        tp = {}
+        for n in [int(x) for x in args.sessions.split(",")]:
+            runs = sorted(throughput(port, n, args.seconds) for _ in range(args.reps))
+            tp[n] = {"median": statistics.median(runs), "min": runs[0], "max": runs[-1]}
+            print(f"throughput {n:3d} sessions: {tp[n]['median']:8.1f} tok/s "
+                  f"({runs[0]:.1f}..{runs[-1]:.1f})", file=sys.stderr)
+        base = tp[min(tp)]["median"]
+        for n in tp:
+            tp[n]["ratio"] = tp[n]["median"] / base
+        result["throughput"] = tp
+        p50, p95 = step_latency(port)
+        result["step_ms"] = {"p50": p50, "p95": p95}
+        result["bytes"] = bytes_per_step(port, [int(x) for x in args.contexts.split(",")])
+    finally:
+        proc.terminate()
+        proc.wait()
+    result["bare_decode_ms"] = bare_decode_ms(args)
+    result["step_overhead"] = result["step_ms"]["p50"] / result["bare_decode_ms"] - 1
+    print(f"step latency p50 {p50:.2f} ms, p95 {p95:.2f} ms; bare decode step "
+          f"{result['bare_decode_ms']:.2f} ms (overhead {100 * result['step_overhead']:.1f}%)",
+          file=sys.stderr)
+    for r in result["bytes"]:
+        print(f"context {r['context']:5d}: native up {r['native_up']} down {r['native_down']} B; "
+              f"stateless /v1/completions up {r['openai_up']} down {r['openai_down']} B",
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+#include "eval/tasks.h"
+
+#include <cctype>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace tandem::eval {
+
+using json = nlohmann::json;
+
+namespace {
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read " + path);
+  std::vector<json> out;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      throw Error(path + ":" + std::to_string(n) + ": not a JSON object");
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+std::string str(const json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || !j[key].is_string()) {
+    throw Error(where + ": field '" + key + "' is missing or not a string");
+  }
+  return j[key].get<std::string>();
+}
+
+// "Question: ...\nA. ...\nB. ...\nAnswer:"
+std::string mc_question(const std::string& stem, const std::vector<std::string>& labels,
+                        const std::vector<std::string>& texts) {
+  std::string q = "Question: " + stem + "\n";
+  for (size_t i = 0; i < labels.size(); ++i) q += labels[i] + ". " + texts[i] + "\n";
+  return q + "Answer:";
+}
+
+// ARC and CommonsenseQA records: {"id", "question": {"stem", "choices": [{"label","text"}]},
+// "answerKey"}. ARC labels some items 1-4: they become A-D by position.
+Item mc_item(const json& r, const std::string& where) {
+  Item it;
+  it.id = str(r, "id", where);
+  if (!r.contains("question") || !r["question"].is_object()) {
+    throw Error(where + ": field 'question' is missing or not an object");
+  }
+  const json& q = r["question"];
+  const std::string stem = str(q, "stem", where + " question");
+  if (!q.contains("choices") || !q["choices"].is_array() || q["choices"].size() < 2 ||
+      q["choices"].size() > 8) {
+    throw Error(where + ": 'question.choices' must be an array of 2 to 8 choices");
+  }
+  std::vector<std::string> texts;
+  std::string gold_label = str(r, "answerKey", where);
+  for (size_t i = 0; i < q["choices"].size(); ++i) {
+    const json& c = q["choices"][i];
+    const std::string label = str(c, "label", where + " choice " + std::to_string(i));
+    const std::string letter(1, static_cast<char>('A' + i));
+    if (label == gold_label) it.gold = letter;
+    it.labels.push_back(letter);
+    texts.push_back(str(c, "text", where + " choice " + std::to_string(i)));
+  }
+  if (it.gold.empty()) {
+    throw Error(where + ": answerKey '" + gold_label + "' is not one of the choices' labels");
+  }
+  it.question = mc_question(stem, it.labels, texts);
+  return it;
+}
+
+std::string shot_text(const Item& it, TaskKind kind, const std::string& worked_answer = "") {
+  if (kind == TaskKind::Numeric) return it.question + " " + worked_answer + "\n\n";
+  return it.question + " " + it.gold + "\n\n";
+}
+
+}  // namespace
+
+std::vector<std::string> task_names() {
+  return {"csqa", "arc-easy", "arc-challenge", "piqa", "gsm8k"};
+}
+
+Task load_task(const std::string& name, const std::string& data_dir, int shots) {
+  if (shots < 0 || shots > 32)
+    throw Error("--shots " + std::to_string(shots) + " is outside 0..32");
+  Task t;
+  t.name = name;
+  std::vector<Item> items, shot_items;
+  std::vector<std::string> worked;  // GSM8K shots' full solutions
+  if (name == "csqa") {
+    t.source = data_dir + "/commonsenseqa/dev_rand_split.jsonl";
+    t.shots_from = data_dir + "/commonsenseqa/train_rand_split.jsonl";
+    const auto dev = read_jsonl(t.source);
+    for (size_t i = 0; i < dev.size(); ++i)
+      items.push_back(mc_item(dev[i], t.source + ":" + std::to_string(i + 1)));
+    if (shots > 0) {
+      const auto train = read_jsonl(t.shots_from);
+      // Spread over the file, so the shots' answer letters are not all alike.
+      for (int s = 0; s < shots; ++s) {
+        const size_t i = (static_cast<size_t>(s) * 1931 + 7) % train.size();
+        shot_items.push_back(mc_item(train[i], t.shots_from + ":" + std::to_string(i + 1)));
+      }
+    }
+    t.header =
+        "The following are multiple choice questions about common sense. Answer with the "
+        "letter of the correct choice.\n\n";
+  } else if (name == "arc-easy" || name == "arc-challenge") {
+    t.source = data_dir +
+               (name == "arc-easy" ? "/arc/ARC-Easy-Dev.jsonl" : "/arc/ARC-Challenge-Dev.jsonl");
+    t.shots_from = t.source + " (first items, not evaluated)";
+    const auto rows = read_jsonl(t.source);
+    for (size_t i = 0; i < rows.size(); ++i)
+      items.push_back(mc_item(rows[i], t.source + ":" + std::to_string(i + 1)));
+    t.header =
+        "The following are multiple choice questions about science. Answer with the letter "
+        "of the correct choice.\n\n";
+  } else if (name == "piqa") {
+    t.source = data_dir + "/piqa/valid.jsonl";
+    t.shots_from = t.source + " (first items, not evaluated)";
+    const auto rows = read_jsonl(t.source);
+    std::ifstream labels(data_dir + "/piqa/valid-labels.lst");
+    if (!labels) throw Error("cannot read " + data_dir + "/piqa/valid-labels.lst");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const std::string where = t.source + ":" + std::to_string(i + 1);
+      std::string lab;
+      if (!std::getline(labels, lab) || (lab != "0" && lab != "1")) {
+        throw Error(data_dir + "/piqa/valid-labels.lst:" + std::to_string(i + 1) +
+                    ": expected 0 or 1");
+      }
+      Item it;
+      it.id = "piqa-" + std::to_string(i);
+      it.labels = {"A", "B"};
+      it.gold = lab == "0" ? "A" : "B";
+      it.question = mc_question(str(rows[i], "goal", where), it.labels,
+                                {str(rows[i], "sol1", where), str(rows[i], "sol2", where)});
+      items.push_back(std::move(it));
+    }
+    t.header =
+        "The following are questions about physical common sense, each with two solutions. "
+        "Answer with the letter of the better solution.\n\n";
+  } else if (name == "gsm8k") {
+    t.kind = TaskKind::Numeric;
+    t.max_answer_tokens = 256;
+    t.source = data_dir + "/gsm8k/test.jsonl";
+    t.shots_from = t.source + " (first items, not evaluated)";
+    const auto rows = read_jsonl(t.source);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const std::string where = t.source + ":" + std::to_string(i + 1);
+      Item it;
+      it.id = "gsm8k-" + std::to_string(i);
+      it.question = "Question: " + str(rows[i], "question", where) + "\nAnswer:";
+      const std::string answer = str(rows[i], "answer", where);
+      auto gold = extract_number(answer);
+      if (!gold) throw Error(where + ": the answer has no '#### <number>' line");
+      it.gold = *gold;
+      worked.push_back(answer);
+      items.push_back(std::move(it));
+    }
+    t.header = "Solve the math word problems. End each solution with '#### ' and the number.\n\n";
+  } else {
+    std::string names;
+    for (const auto& n : task_names()) names += (names.empty() ? "" : ", ") + n;
+    throw Error("unknown task '" + name + "' (choose from " + names + ")");
+  }
+  if (t.name != "csqa") {
+    const size_t k = std::min<size_t>(static_cast<size_t>(shots), items.size() / 2);
+    shot_items.assign(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(k));
+    items.erase(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+  for (size_t s = 0; s < shot_items.size(); ++s) {
+    t.header += shot_text(shot_items[s], t.kind, t.kind == TaskKind::Numeric ? worked[s] : "");
+  }
+  t.items = std::move(items);
+  return t;
+}
+
+std::string item_prompt(const Task& task, const Item& item) {
+  return task.header + item.question;
+}
+
+std::string cut_answer(TaskKind kind, const std::string& output) {
+  if (kind == TaskKind::MultipleChoice) return output.substr(0, output.find('\n'));
+  size_t cut = output.find("\nQuestion:");
+  const size_t blank = output.find("\n\n");
+  if (blank != std::string::npos && blank < cut) cut = blank;
+  return output.substr(0, cut);
+}
+
+bool answer_complete(TaskKind kind, const std::string& output) {
+  return cut_answer(kind, output).size() < output.size();
+}
+
+std::optional<std::string> extract_choice(const std::string& output,
+                                          const std::vector<std::string>& labels) {
+  size_t i = 0;
+  while (i < output.size() && (output[i] == ' ' || output[i] == '\t')) ++i;
+  bool paren = false;
+  if (i < output.size() && output[i] == '(') {
+    paren = true;
+    ++i;
+  }
+  for (const auto& label : labels) {
+    if (output.compare(i, label.size(), label) != 0) continue;
+    size_t j = i + label.size();
+    if (paren) {
+      if (j >= output.size() || output[j] != ')') return std::nullopt;
+      ++j;
+    }
+    if (j == output.size()) return label;
+    const unsigned char next = static_cast<unsigned char>(output[j]);
+    if (std::isalnum(next) || next == '_' || next >= 0x80) return std::nullopt;
+    return label;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> normalize_number(std::string s) {
+  std::string out;
+  for (char c : s) {
+    if (c == ',' || c == '$' || c == ' ') continue;
+    out += c;
+  }
+  while (!out.empty() && out.back() == '.') out.pop_back();
+  if (out.empty()) return std::nullopt;
+  size_t i = out[0] == '-' ? 1 : 0;
+  if (i == out.size()) return std::nullopt;
+  bool dot = false;
+  for (size_t k = i; k < out.size(); ++k) {
+    if (out[k] == '.') {
+      if (dot) return std::nullopt;
+      dot = true;
+    } else if (!std::isdigit(static_cast<unsigned char>(out[k]))) {
+      return std::nullopt;
+    }
+  }
+  if (dot) {
+    while (out.back() == '0') out.pop_back();
+    if (out.back() == '.') out.pop_back();
+  }
+  // Leading zeros: "007" -> "7".
+  size_t z = i;
+  while (z + 1 < out.size() && out[z] == '0' && out[z + 1] != '.') ++z;
+  out.erase(i, z - i);
+  if (out == "-0") out = "0";
+  return out;
+}
+
+std::optional<std::string> extract_number(const std::string& output) {
+  size_t at = std::string::npos, len = 0;
+  for (const std::string marker : {"####", "The answer is", "the answer is"}) {
+    const size_t p = output.rfind(marker);
+    if (p != std::string::npos && (at == std::string::npos || p > at)) {
+      at = p;
+      len = marker.size();
+    }
+  }
+  if (at == std::string::npos) return std::nullopt;
+  size_t i = at + len;
+  while (i < output.size() && (output[i] == ' ' || output[i] == ':' || output[i] == '$')) ++i;
+  size_t j = i;
+  while (j < output.size() &&
+         (std::isdigit(static_cast<unsigned char>(output[j])) || output[j] == ',' ||
+          output[j] == '.' || (j == i && output[j] == '-'))) {
+    ++j;
+  }
+  return normalize_number(output.substr(i, j - i));
+}
+
+}  // namespace tandem::eval

@@ -1,0 +1,119 @@
+// tandem eval's pieces: answer extraction on tricky outputs, the statistics against values
+// computed by hand, and the tasks read from ../shared/data.
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "common/testdata.h"
+#include "eval/stats.h"
+#include "eval/tasks.h"
+
+namespace tandem::eval {
+namespace {
+
+const std::vector<std::string> kABCDE = {"A", "B", "C", "D", "E"};
+
+TEST(EvalExtract, ChoiceIsStrict) {
+  struct Case {
+    const char* out;
+    std::optional<std::string> want;
+  };
+  const std::vector<Case> cases = {
+      {" B", "B"},           {"B", "B"},
+      {" (C) because", "C"}, {" D.", "D"},
+      {" E)", "E"},          {" A: bank", "A"},
+      {"  A\tx", "A"},       {" Bob", std::nullopt},
+      {"", std::nullopt},    {" ", std::nullopt},
+      {" F", std::nullopt},  {" (C", std::nullopt},
+      {" b", std::nullopt},  {" The answer is B", std::nullopt},
+      {" A1", std::nullopt}, {" Aé", std::nullopt},
+  };
+  for (const auto& c : cases)
+    EXPECT_EQ(extract_choice(c.out, kABCDE), c.want) << "'" << c.out << "'";
+  EXPECT_EQ(extract_choice(" C", {"A", "B"}), std::nullopt) << "a label the item does not have";
+}
+
+TEST(EvalExtract, NumberIsStrict) {
+  EXPECT_EQ(extract_number("She makes 9 * 2 = $18.\n#### 18"), "18");
+  EXPECT_EQ(extract_number("#### 1,234"), "1234");
+  EXPECT_EQ(extract_number("#### $5.50"), "5.5");
+  EXPECT_EQ(extract_number("#### -3"), "-3");
+  EXPECT_EQ(extract_number("#### 12.0"), "12");
+  EXPECT_EQ(extract_number("#### 007"), "7");
+  EXPECT_EQ(extract_number("So the answer is 42."), "42");
+  EXPECT_EQ(extract_number("#### 3\n#### 4"), "4") << "the last marker wins";
+  EXPECT_EQ(extract_number("The total is 18."), std::nullopt) << "no marker, no answer";
+  EXPECT_EQ(extract_number("#### many"), std::nullopt);
+  EXPECT_EQ(extract_number("#### 1.2.3"), std::nullopt);
+  EXPECT_EQ(extract_number("####"), std::nullopt);
+}
+
+TEST(EvalExtract, CutsTheAnswerWhereTheModelMovesOn) {
+  EXPECT_EQ(cut_answer(TaskKind::MultipleChoice, " B\n\nQuestion: next"), " B");
+  EXPECT_TRUE(answer_complete(TaskKind::MultipleChoice, " B\n"));
+  EXPECT_FALSE(answer_complete(TaskKind::MultipleChoice, " B"));
+  EXPECT_EQ(cut_answer(TaskKind::Numeric, " 3 + 4 = 7\n#### 7\n\nQuestion: x"),
+            " 3 + 4 = 7\n#### 7");
+  EXPECT_FALSE(answer_complete(TaskKind::Numeric, " 3 + 4 = 7\n#### 7"));
+}
+
+TEST(EvalStats, WilsonInterval) {
+  // 81/100 at 95%: (0.7222, 0.8749) by the textbook formula.
+  const Interval a = wilson_interval(81, 100);
+  EXPECT_NEAR(a.low, 0.72221, 1e-4);
+  EXPECT_NEAR(a.high, 0.87487, 1e-4);
+  const Interval zero = wilson_interval(0, 10);
+  EXPECT_EQ(zero.low, 0);
+  EXPECT_NEAR(zero.high, 0.27753, 1e-4);
+  const Interval none = wilson_interval(0, 0);
+  EXPECT_EQ(none.low, 0);
+  EXPECT_EQ(none.high, 1);
+}
+
+TEST(EvalStats, McNemarExact) {
+  EXPECT_DOUBLE_EQ(mcnemar_exact_p(0, 0), 1);
+  // b = 1, c = 9: 2 * (1 + 10) / 1024.
+  EXPECT_NEAR(mcnemar_exact_p(1, 9), 22.0 / 1024, 1e-12);
+  EXPECT_NEAR(mcnemar_exact_p(9, 1), 22.0 / 1024, 1e-12);
+  EXPECT_DOUBLE_EQ(mcnemar_exact_p(5, 5), 1);
+  // Large counts stay finite and tiny.
+  EXPECT_LT(mcnemar_exact_p(100, 300), 1e-20);
+  const Paired p =
+      compare_paired({true, true, false, false, true}, {true, false, true, false, false});
+  EXPECT_EQ(p.both, 1);
+  EXPECT_EQ(p.only_a, 2);
+  EXPECT_EQ(p.only_b, 1);
+  EXPECT_EQ(p.neither, 1);
+  EXPECT_NEAR(p.p, 1.0, 1e-12);
+}
+
+TEST(EvalTasks, LoadFromSharedData) {
+  const std::string data = (testing::shared_dir() / "data").string();
+  const Task csqa = load_task("csqa", data, 5);
+  EXPECT_EQ(csqa.items.size(), 1221u);
+  EXPECT_EQ(csqa.items[0].labels.size(), 5u);
+  EXPECT_NE(csqa.header.find("Answer: "), std::string::npos);
+  EXPECT_EQ(csqa.items[0].gold, "A");
+  const Task easy = load_task("arc-easy", data, 5);
+  EXPECT_EQ(easy.items.size(), 570u - 5);
+  const Task chal = load_task("arc-challenge", data, 0);
+  EXPECT_EQ(chal.items.size(), 299u);
+  int numeric_labels = 0;
+  for (const auto& it : chal.items) {
+    EXPECT_EQ(it.labels[0], "A");
+    EXPECT_NE(std::find(it.labels.begin(), it.labels.end(), it.gold), it.labels.end());
+    numeric_labels += it.question.find("\n1. ") != std::string::npos;
+  }
+  EXPECT_EQ(numeric_labels, 0) << "ARC's 1-4 labels become letters";
+  const Task piqa = load_task("piqa", data, 3);
+  EXPECT_EQ(piqa.items.size(), 1838u - 3);
+  EXPECT_EQ(piqa.items[0].labels, (std::vector<std::string>{"A", "B"}));
+  const Task gsm = load_task("gsm8k", data, 2);
+  EXPECT_EQ(gsm.items.size(), 1319u - 2);
+  EXPECT_EQ(gsm.kind, TaskKind::Numeric);
+  EXPECT_NE(gsm.header.find("#### 18"), std::string::npos) << "a shot is a worked solution";
+  EXPECT_THROW(load_task("mmlu", data, 5), Error);
+  EXPECT_THROW(load_task("csqa", "/nonexistent", 5), Error);
+}
+
+}  // namespace
+}  // namespace tandem::eval
