@@ -609,6 +609,24 @@ TEST_F(EdgeCloudTest, CloudBackAfterAnOutageResumesRouting) {
   EXPECT_GT(std::count(after_return.begin(), after_return.end(), TokenSource::Cloud), 20);
 }
 
+TEST_F(EdgeCloudTest, ShutdownDoesNotWaitForAHungCloud) {
+  const std::string hash = vocab_hash_hex(edge_model_->tokenizer().fingerprint());
+  BadCloud silent(BadCloud::Mode::Silent, hash, edge_model_->tokenizer().n_vocab());
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    EdgeOptions o = edge_options(EdgeMode::Route, "never");
+    o.cloud_timeout_s = 60;
+    EdgeDecoder edge(*edge_model_, o, backend(silent.url(), 60));
+    edge.start();
+    // The background sync hangs on the silent cloud; the device decodes on regardless.
+    const EdgeResult r = edge.generate(prompt_, kN);
+    EXPECT_EQ(r.ids, edge_greedy_);
+  }  // the destructor cuts the hung request
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 10.0);
+  EXPECT_GT(silent.steps(), 0);
+}
+
 TEST_F(EdgeCloudTest, OtherVocabularyIsRefusedNamingBoth) {
   // (The synthetic test models all share one vocabulary: a cloud that reports another.)
   BadCloud other(BadCloud::Mode::Garbage, "0123456789abcdef", 262144);
