@@ -144,6 +144,8 @@ struct EdgeOptions {
   double backoff_max_s = 8;
   SamplingParams sampling;
   ContextParams context;
+  // Also hand the router the small model's final hidden state (for learned routers).
+  bool signal_hidden = false;
   int top_k_signal = 8;  // probabilities the router signal carries
 };
 
@@ -225,6 +227,7 @@ class EdgeDecoder {
   std::vector<TokenId> history_;       // the conversation: prompt(s) and every produced token
   std::vector<TokenId> local_tokens_;  // what the small model's KV holds (may run ahead: drafts)
   std::vector<float> logits_;          // the small model's next-token logits after local_tokens_
+  std::vector<float> hidden_;          // its final hidden state there (signal_hidden only)
   size_t logits_pos_ = SIZE_MAX;       // local_tokens_.size() when logits_ was computed
   double local_ms_ = 0;
 };

@@ -103,6 +103,8 @@ class RunCommand : public Command {
     sub_->add_option("--policy", policy_,
                      "Router: confidence | entropy | margin | random:RATE[:SEED] | always | never")
         ->capture_default_str();
+    sub_->add_option("--router", router_file_,
+                     "Trained router (GGUF) instead of --policy: not supported yet");
     auto* thr = sub_->add_option("--threshold", threshold_,
                                  "Route when the policy's score exceeds this (default per policy: "
                                  "confidence 0.5, entropy 2, margin 0.8)");
@@ -162,6 +164,11 @@ class RunCommand : public Command {
       opts_.router = parse_router_policy(policy_);
     } catch (const std::invalid_argument& e) {
       throw Error(e.what());
+    }
+    if (!router_file_.empty()) {
+      throw Error("--router " + router_file_ +
+                  ": trained routers are not supported yet; use --policy "
+                  "confidence|entropy|margin|random:RATE|always|never");
     }
     if (threshold_) opts_.router.threshold = *threshold_;
     if (target_rate_) opts_.router.target_rate = *target_rate_;
@@ -332,7 +339,8 @@ class RunCommand : public Command {
     return 0;
   }
 
-  std::string model_, prompt_, file_, system_, mode_ = "route", policy_ = "confidence";
+  std::string model_, prompt_, file_, system_, mode_ = "route", policy_ = "confidence",
+                                               router_file_;
   CLI::Option* prompt_opt_ = nullptr;
   CloudOptions cloud_;
   EdgeOptions opts_;

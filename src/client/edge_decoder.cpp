@@ -109,13 +109,18 @@ void EdgeDecoder::ensure_local_logits() {
     const size_t e = std::min(n, b + kChunk);
     batch.clear();
     for (size_t i = b; i < e; ++i) {
-      batch.push_back({history_[i], static_cast<int32_t>(i), 0, i + 1 == n});
+      batch.push_back({history_[i], static_cast<int32_t>(i), 0, i + 1 == n,
+                       options_.signal_hidden && i + 1 == n});
     }
     ctx_->decode(batch);
     local_tokens_.insert(local_tokens_.end(), history_.begin() + b, history_.begin() + e);
   }
   const auto row = ctx_->logits(static_cast<int>(batch.size()) - 1);
   logits_.assign(row.begin(), row.end());
+  if (options_.signal_hidden) {
+    const auto h = ctx_->hidden(static_cast<int>(batch.size()) - 1);
+    hidden_.assign(h.begin(), h.end());
+  }
   logits_pos_ = n;
   local_ms_ += ms_since(t0);
 }
@@ -131,8 +136,9 @@ TokenId EdgeDecoder::sample_local() {
 float EdgeDecoder::route_score(bool* cloud) {
   ensure_local_logits();
   const auto t0 = Clock::now();
-  const RouterSignal s =
+  RouterSignal s =
       router_signal_from_logits(logits_, static_cast<int>(history_.size()), options_.top_k_signal);
+  if (options_.signal_hidden) s.hidden = hidden_;
   const RouteDecision d = router_.decide(s);
   local_ms_ += ms_since(t0);
   *cloud = d.cloud;

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -152,7 +153,10 @@ class ServeProcess {
 
 class BadCloud {
  public:
-  enum class Mode { Garbage, Truncated, Status500, Silent };
+  // Conflict: the first step gets 409 position_mismatch with pos 0; later steps are answered
+  // as a real session would (every generated token is `kFakeToken`).
+  enum class Mode { Garbage, Truncated, Status500, Silent, Conflict };
+  static constexpr TokenId kFakeToken = 7;
   BadCloud(Mode mode, std::string vocab_hash, int n_vocab)
       : mode_(mode), vocab_hash_(std::move(vocab_hash)), n_vocab_(n_vocab) {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
@@ -177,6 +181,10 @@ class BadCloud {
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int steps() const { return steps_.load(); }
+  std::vector<nlohmann::json> step_bodies() {
+    std::lock_guard lock(mu_);
+    return bodies_;
+  }
 
  private:
   void serve() {
@@ -209,6 +217,7 @@ class BadCloud {
         in.append(buf, n);
       }
       const std::string head = in.substr(0, header_end);
+      const std::string in_body = in.substr(header_end + 4, body_len);
       in.erase(0, header_end + 4 + body_len);
       std::string body;
       int status = 200;
@@ -218,8 +227,31 @@ class BadCloud {
             R"({"session":"s1","pos":0,"protocol":1,"model":{"name":"bad","arch":"llama","n_vocab":)" +
             std::to_string(n_vocab_) + R"(,"vocab_hash":")" + vocab_hash_ + R"("}})";
       } else {
-        if (head.find("/step HTTP") != std::string::npos) ++steps_;
+        const bool is_step = head.find("/step HTTP") != std::string::npos;
+        if (is_step) ++steps_;
+        const auto req = nlohmann::json::parse(in_body, nullptr, false);
+        if (is_step) {
+          std::lock_guard lock(mu_);
+          bodies_.push_back(req);
+        }
         switch (mode_) {
+          case Mode::Conflict: {
+            if (is_step && steps_ == 1) {
+              status = 409;
+              body = R"({"error":{"code":"position_mismatch","message":"expected_pos","pos":0}})";
+              break;
+            }
+            const int n = req.contains("generate") ? req["generate"].value("n", 1) : 0;
+            const int pos = req.value("expected_pos", 0) +
+                            static_cast<int>(req.value("append", nlohmann::json::array()).size()) +
+                            n;
+            body = nlohmann::json{
+                {"pos", pos},
+                {"tokens", std::vector<TokenId>(n, kFakeToken)},
+                {"prefilled",
+                 0}}.dump();
+            break;
+          }
           case Mode::Garbage:
             body = "<html>surprise</html>";
             break;
@@ -253,6 +285,8 @@ class BadCloud {
   std::atomic<int> steps_{0};
   std::thread thread_;
   std::vector<std::thread> conns_;
+  std::mutex mu_;
+  std::vector<nlohmann::json> bodies_;
 };
 
 // ---- fixtures ----
@@ -388,6 +422,19 @@ TEST(LocalMode, SampledEqualsGenerateWithTheSameSeed) {
   o.sampling = sp;
   EdgeDecoder edge(*model, o);
   EXPECT_EQ(edge.generate(prompt, 32).ids, want);
+}
+
+TEST(RouteMode, WithoutACloudDecodesLocallyAndCountsFallbacks) {
+  auto model = Model::load(edge_model_path());
+  const auto prompt = model->tokenizer().encode("Hello", true, false);
+  const auto want = greedy(*model, prompt, 24);
+  EdgeOptions o = edge_options(EdgeMode::Route, "always");
+  o.signal_hidden = true;  // the hidden state rides along without changing anything
+  EdgeDecoder edge(*model, o);
+  const EdgeResult r = edge.generate(prompt, 24);
+  EXPECT_EQ(r.ids, want);
+  EXPECT_EQ(r.stats.fallbacks, 24);
+  EXPECT_TRUE(r.stats.cloud_lost);
 }
 
 // ---- against a real tandem serve ----
@@ -625,6 +672,31 @@ TEST_F(EdgeCloudTest, ShutdownDoesNotWaitForAHungCloud) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 10.0);
   EXPECT_GT(silent.steps(), 0);
+}
+
+TEST_F(EdgeCloudTest, PositionMismatchIsResentFromTheServersPosition) {
+  BadCloud cloud(BadCloud::Mode::Conflict, vocab_hash_hex(edge_model_->tokenizer().fingerprint()),
+                 edge_model_->tokenizer().n_vocab());
+  auto b = backend(cloud.url());
+  b->connect();
+  std::vector<TokenId> history = prompt_;
+  b->step(history, CloudOp{});  // sync: 409 (pos 0), resent with the whole history
+  history.push_back(11);
+  CloudOp gen;
+  gen.kind = CloudOpKind::Generate;
+  gen.n_generate = 2;
+  const CloudStepResult r = b->step(history, gen);
+  EXPECT_EQ(r.tokens, std::vector<TokenId>(2, BadCloud::kFakeToken));
+  EXPECT_EQ(r.pos, static_cast<int>(history.size()) + 2);
+  const auto bodies = cloud.step_bodies();
+  ASSERT_EQ(bodies.size(), 3u);
+  EXPECT_EQ(bodies[1]["expected_pos"], 0);
+  EXPECT_EQ(bodies[1]["append"].get<std::vector<TokenId>>(), prompt_);
+  // Only the new token goes up after that.
+  EXPECT_EQ(bodies[2]["expected_pos"], prompt_.size());
+  EXPECT_EQ(bodies[2]["append"].get<std::vector<TokenId>>(), std::vector<TokenId>{11});
+  EXPECT_EQ(b->counters().resends, 1);
+  EXPECT_EQ(b->counters().replays, 0);
 }
 
 TEST_F(EdgeCloudTest, OtherVocabularyIsRefusedNamingBoth) {
