@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -131,7 +132,8 @@ class RunCommand : public Command {
         ->capture_default_str();
     prompt_opt_ = sub_->add_option("-p,--prompt", prompt_, "Prompt text");
     sub_->add_option("-f,--file", file_, "Read the prompt from a file")->excludes(prompt_opt_);
-    sub_->add_option("-n,--n-predict", n_predict_, "Tokens to generate per answer")
+    sub_->add_option("-n,--n-predict", n_predict_,
+                     "Tokens to generate per answer (-1: until end or context)")
         ->capture_default_str();
     sub_->add_option("-c,--ctx-size", opts_.context.n_ctx,
                      "Context size of the small model (0: model default, at most 4096)")
@@ -214,7 +216,7 @@ class RunCommand : public Command {
       std::fwrite(prompt.data(), 1, prompt.size(), stdout);
       std::fflush(stdout);
     }
-    const EdgeResult r = edge.generate(ids, n_predict_, printer());
+    const EdgeResult r = edge.generate(ids, n_predict(), printer());
     if (json_) {
       nlohmann::json j;
       j["text"] = r.text;
@@ -238,6 +240,8 @@ class RunCommand : public Command {
   }
 
  private:
+  int n_predict() const { return n_predict_ < 0 ? std::numeric_limits<int>::max() : n_predict_; }
+
   void show_prompt(std::span<const TokenId> ids) const {
     if (!verbose_prompt_) return;
     for (TokenId id : ids) std::fprintf(stderr, "%d ", id);
@@ -308,7 +312,7 @@ class RunCommand : public Command {
         ids.insert(ids.end(), more.begin(), more.end());
       }
       show_prompt(ids);
-      const EdgeResult r = edge.generate(ids, n_predict_, printer());
+      const EdgeResult r = edge.generate(ids, n_predict(), printer());
       if (json_) {
         nlohmann::json j;
         j["text"] = r.text;

@@ -77,6 +77,12 @@ std::string EdgeDecoder::start() {
   if (!link_) return "no cloud given: decoding locally";
   try {
     const CloudModelInfo info = link_->connect();
+    // Stay within the server's limits (a request over them would only be refused).
+    if (info.max_generate > 0) {
+      options_.route_span = std::min(options_.route_span, info.max_generate);
+      options_.cloud_chunk = std::min(options_.cloud_chunk, info.max_generate);
+    }
+    if (info.max_draft > 0) options_.draft = std::min(options_.draft, info.max_draft);
     return "cloud: " + (info.name.empty() ? info.arch : info.name) + " (n_vocab " +
            std::to_string(info.n_vocab) + ", vocab_hash " + info.vocab_hash + ", n_ctx " +
            std::to_string(info.n_ctx) + ")";
