@@ -133,13 +133,19 @@ struct EdgeOptions {
   RouterConfig router;
   int route_span = 1;      // cloud tokens per route event
   int draft = 4;           // speculative: drafts per verify
-  int cloud_chunk = 16;    // cloud mode: tokens per step
+  int cloud_chunk = 16;    // cloud mode: tokens per step (the first steps ramp up 1, 2, 4, ...)
   bool sync_ahead = true;  // push locally decided tokens to the cloud in the background
+  // Push once this many local tokens have gathered: 1 keeps the cloud's KV fully warm; more
+  // spends fewer requests (each ~250 bytes of HTTP) and leaves < sync_every tokens to prefill
+  // on a route event.
+  int sync_every = 4;
   double cloud_timeout_s = 10;
   double backoff_initial_s = 0.25;
   double backoff_max_s = 8;
   SamplingParams sampling;
   ContextParams context;
+  // Also hand the router the small model's final hidden state (for learned routers).
+  bool signal_hidden = false;
   int top_k_signal = 8;  // probabilities the router signal carries
 };
 
@@ -221,6 +227,7 @@ class EdgeDecoder {
   std::vector<TokenId> history_;       // the conversation: prompt(s) and every produced token
   std::vector<TokenId> local_tokens_;  // what the small model's KV holds (may run ahead: drafts)
   std::vector<float> logits_;          // the small model's next-token logits after local_tokens_
+  std::vector<float> hidden_;          // its final hidden state there (signal_hidden only)
   size_t logits_pos_ = SIZE_MAX;       // local_tokens_.size() when logits_ was computed
   double local_ms_ = 0;
 };

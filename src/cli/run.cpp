@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -103,6 +104,8 @@ class RunCommand : public Command {
     sub_->add_option("--policy", policy_,
                      "Router: confidence | entropy | margin | random:RATE[:SEED] | always | never")
         ->capture_default_str();
+    sub_->add_option("--router", router_file_,
+                     "Trained router (GGUF) instead of --policy: not supported yet");
     auto* thr = sub_->add_option("--threshold", threshold_,
                                  "Route when the policy's score exceeds this (default per policy: "
                                  "confidence 0.5, entropy 2, margin 0.8)");
@@ -118,6 +121,10 @@ class RunCommand : public Command {
         ->capture_default_str();
     sub_->add_flag("--no-sync-ahead", no_sync_ahead_,
                    "Do not push locally decided tokens to the cloud in the background");
+    sub_->add_option("--sync-every", opts_.sync_every,
+                     "Sync ahead once N local tokens have gathered (1: after every token)")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
     sub_->add_option("--cloud-timeout", opts_.cloud_timeout_s,
                      "Seconds a cloud request may take (connect included) before the device "
                      "decodes the token itself")
@@ -125,7 +132,8 @@ class RunCommand : public Command {
         ->capture_default_str();
     prompt_opt_ = sub_->add_option("-p,--prompt", prompt_, "Prompt text");
     sub_->add_option("-f,--file", file_, "Read the prompt from a file")->excludes(prompt_opt_);
-    sub_->add_option("-n,--n-predict", n_predict_, "Tokens to generate per answer")
+    sub_->add_option("-n,--n-predict", n_predict_,
+                     "Tokens to generate per answer (-1: until end or context)")
         ->capture_default_str();
     sub_->add_option("-c,--ctx-size", opts_.context.n_ctx,
                      "Context size of the small model (0: model default, at most 4096)")
@@ -158,6 +166,11 @@ class RunCommand : public Command {
       opts_.router = parse_router_policy(policy_);
     } catch (const std::invalid_argument& e) {
       throw Error(e.what());
+    }
+    if (!router_file_.empty()) {
+      throw Error("--router " + router_file_ +
+                  ": trained routers are not supported yet; use --policy "
+                  "confidence|entropy|margin|random:RATE|always|never");
     }
     if (threshold_) opts_.router.threshold = *threshold_;
     if (target_rate_) opts_.router.target_rate = *target_rate_;
@@ -203,7 +216,7 @@ class RunCommand : public Command {
       std::fwrite(prompt.data(), 1, prompt.size(), stdout);
       std::fflush(stdout);
     }
-    const EdgeResult r = edge.generate(ids, n_predict_, printer());
+    const EdgeResult r = edge.generate(ids, n_predict(), printer());
     if (json_) {
       nlohmann::json j;
       j["text"] = r.text;
@@ -227,6 +240,8 @@ class RunCommand : public Command {
   }
 
  private:
+  int n_predict() const { return n_predict_ < 0 ? std::numeric_limits<int>::max() : n_predict_; }
+
   void show_prompt(std::span<const TokenId> ids) const {
     if (!verbose_prompt_) return;
     for (TokenId id : ids) std::fprintf(stderr, "%d ", id);
@@ -297,7 +312,7 @@ class RunCommand : public Command {
         ids.insert(ids.end(), more.begin(), more.end());
       }
       show_prompt(ids);
-      const EdgeResult r = edge.generate(ids, n_predict_, printer());
+      const EdgeResult r = edge.generate(ids, n_predict(), printer());
       if (json_) {
         nlohmann::json j;
         j["text"] = r.text;
@@ -328,7 +343,8 @@ class RunCommand : public Command {
     return 0;
   }
 
-  std::string model_, prompt_, file_, system_, mode_ = "route", policy_ = "confidence";
+  std::string model_, prompt_, file_, system_, mode_ = "route", policy_ = "confidence",
+                                               router_file_;
   CLI::Option* prompt_opt_ = nullptr;
   CloudOptions cloud_;
   EdgeOptions opts_;

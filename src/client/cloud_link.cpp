@@ -93,6 +93,16 @@ std::optional<CloudStepResult> CloudLink::request(const std::vector<TokenId>& hi
     if (why) *why = "backing off after: " + last_error_;
     return std::nullopt;
   }
+  if (consecutive_failures_ > 0) {
+    // The cloud failed last time: find out in the background (a sync, which also warms its KV)
+    // instead of making the decoder wait a whole timeout on a cloud that may still be gone.
+    if (!pending_sync_ && !busy_) {
+      pending_sync_ = history;
+      cv_work_.notify_one();
+    }
+    if (why) *why = "cloud recovering, probing in the background after: " + last_error_;
+    return std::nullopt;
+  }
   const uint64_t id = next_id_++;
   pending_sync_.reset();
   pending_request_ = Pending{id, history, op};

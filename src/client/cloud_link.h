@@ -36,6 +36,8 @@ class CloudLink {
 
   // Runs a consultation and waits for it up to the timeout (the worker first finishes a sync in
   // flight). Returns nullopt on any failure, with the reason in *why; a late answer is dropped.
+  // After a failure it returns nullopt at once until the pause is over, then sends a sync as a
+  // probe in the background; consultations resume when a step succeeds again.
   std::optional<CloudStepResult> request(const std::vector<TokenId>& history, const CloudOp& op,
                                          std::string* why);
 

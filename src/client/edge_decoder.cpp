@@ -60,6 +60,7 @@ EdgeDecoder::EdgeDecoder(const Model& small, const EdgeOptions& options,
   if (options_.route_span < 1) throw Error("--route-span must be at least 1");
   if (options_.draft < 1) throw Error("--draft must be at least 1");
   if (options_.cloud_chunk < 1) options_.cloud_chunk = 1;
+  if (options_.sync_every < 1) throw Error("--sync-every must be at least 1");
   if (!(options_.cloud_timeout_s > 0)) throw Error("--cloud-timeout must be positive");
   ctx_ = std::make_unique<Context>(small, options_.context);
   if (cloud && options_.mode != EdgeMode::Local) {
@@ -76,6 +77,12 @@ std::string EdgeDecoder::start() {
   if (!link_) return "no cloud given: decoding locally";
   try {
     const CloudModelInfo info = link_->connect();
+    // Stay within the server's limits (a request over them would only be refused).
+    if (info.max_generate > 0) {
+      options_.route_span = std::min(options_.route_span, info.max_generate);
+      options_.cloud_chunk = std::min(options_.cloud_chunk, info.max_generate);
+    }
+    if (info.max_draft > 0) options_.draft = std::min(options_.draft, info.max_draft);
     return "cloud: " + (info.name.empty() ? info.arch : info.name) + " (n_vocab " +
            std::to_string(info.n_vocab) + ", vocab_hash " + info.vocab_hash + ", n_ctx " +
            std::to_string(info.n_ctx) + ")";
@@ -108,13 +115,18 @@ void EdgeDecoder::ensure_local_logits() {
     const size_t e = std::min(n, b + kChunk);
     batch.clear();
     for (size_t i = b; i < e; ++i) {
-      batch.push_back({history_[i], static_cast<int32_t>(i), 0, i + 1 == n});
+      batch.push_back({history_[i], static_cast<int32_t>(i), 0, i + 1 == n,
+                       options_.signal_hidden && i + 1 == n});
     }
     ctx_->decode(batch);
     local_tokens_.insert(local_tokens_.end(), history_.begin() + b, history_.begin() + e);
   }
   const auto row = ctx_->logits(static_cast<int>(batch.size()) - 1);
   logits_.assign(row.begin(), row.end());
+  if (options_.signal_hidden) {
+    const auto h = ctx_->hidden(static_cast<int>(batch.size()) - 1);
+    hidden_.assign(h.begin(), h.end());
+  }
   logits_pos_ = n;
   local_ms_ += ms_since(t0);
 }
@@ -130,8 +142,9 @@ TokenId EdgeDecoder::sample_local() {
 float EdgeDecoder::route_score(bool* cloud) {
   ensure_local_logits();
   const auto t0 = Clock::now();
-  const RouterSignal s =
+  RouterSignal s =
       router_signal_from_logits(logits_, static_cast<int>(history_.size()), options_.top_k_signal);
+  if (options_.signal_hidden) s.hidden = hidden_;
   const RouteDecision d = router_.decide(s);
   local_ms_ += ms_since(t0);
   *cloud = d.cloud;
@@ -157,7 +170,14 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
   local_ms_ = 0;
   const bool use_cloud = link_ && options_.mode != EdgeMode::Local;
   // The prompt goes up while the small model prefills it.
-  if (use_cloud && options_.sync_ahead) link_->sync(history_);
+  size_t synced = 0;  // history length last pushed
+  auto maybe_sync = [&](bool force) {
+    if (!use_cloud || !options_.sync_ahead) return;
+    if (!force && history_.size() < synced + static_cast<size_t>(options_.sync_every)) return;
+    link_->sync(history_);
+    synced = history_.size();
+  };
+  maybe_sync(true);
 
   const auto t_start = Clock::now();
   StreamDecoder stream(tok);
@@ -259,7 +279,7 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
         }
         router_.record(false, 1);
         stopped = !emit(sample_local(), TokenSource::Local, score);
-        if (!stopped && use_cloud && options_.sync_ahead) link_->sync(history_);
+        if (!stopped) maybe_sync(false);
         break;
       }
       case EdgeMode::Speculative: {
@@ -306,7 +326,9 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
       case EdgeMode::Cloud: {
         std::optional<CloudStepResult> r;
         if (link_ && link_->ready()) {
-          r = consult(cloud_generate_op(std::min(options_.cloud_chunk, remaining())));
+          // Small first steps so the first token streams early, then full chunks.
+          const int chunk = std::min(options_.cloud_chunk, 1 << std::min(st.route_events, 16));
+          r = consult(cloud_generate_op(std::min(chunk, remaining())));
         }
         if (r) {
           stopped = !emit_cloud(*r, 1.0f, 0);

@@ -116,10 +116,15 @@ struct HttpClient::Impl {
     ioc.run();
   }
 
-  void close() {
+  void close_socket() {
     beast::error_code ignored;
     if (plain) plain->socket().close(ignored);
     if (tls) beast::get_lowest_layer(*tls).socket().close(ignored);
+    resolver.cancel();
+  }
+
+  void close() {
+    close_socket();
     plain.reset();
     tls.reset();
     buffer.consume(buffer.size());
@@ -170,7 +175,9 @@ HttpClient::~HttpClient() {
 
 void HttpClient::abort() {
   aborted_ = true;
-  asio::post(impl_->ioc, [impl = impl_.get()] { impl->close(); });
+  // Only close the socket here: pending operations still refer to the stream objects, which
+  // request() releases once its run() has returned.
+  asio::post(impl_->ioc, [impl = impl_.get()] { impl->close_socket(); });
 }
 
 void HttpClient::disconnect() {
