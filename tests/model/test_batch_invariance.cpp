@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -216,6 +217,10 @@ struct TinyModel {
   std::string file;
   bool f32 = false;  // LoadOptions::dequantize_to_f32
 };
+
+void PrintTo(const TinyModel& m, std::ostream* os) {
+  *os << m.file << (m.f32 ? " (f32)" : "");
+}
 
 std::string ParamName(const ::testing::TestParamInfo<TinyModel>& info) {
   std::string n = info.param.file.substr(6, info.param.file.size() - 11);  // synth-X.gguf
