@@ -98,6 +98,9 @@ class CloudBackend {
   virtual CloudStepResult step(std::span<const TokenId> history, const CloudOp& op) = 0;
   // Closes the session (best effort, short timeout); never throws.
   virtual void close() noexcept = 0;
+  // The next step starts another conversation: a fresh session that is not counted as a replay
+  // (the protocol cannot cut a session's history back). Default: nothing (stateless backends).
+  virtual void new_conversation() noexcept {}
   // Makes the request in flight (and all later ones) fail at once; any thread.
   virtual void abort() noexcept = 0;
   virtual CloudCounters counters() const = 0;

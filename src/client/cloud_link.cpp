@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace tandem {
 
@@ -72,6 +73,12 @@ bool CloudLink::disabled() const {
   return disabled_;
 }
 
+void CloudLink::new_conversation() {
+  std::lock_guard lock(mu_);
+  pending_new_conversation_ = true;
+  pending_sync_.reset();
+}
+
 void CloudLink::sync(const std::vector<TokenId>& history) {
   {
     std::lock_guard lock(mu_);
@@ -139,7 +146,9 @@ void CloudLink::worker() {
       Pending job = std::move(*pending_request_);
       pending_request_.reset();
       busy_ = true;
+      const bool fresh = std::exchange(pending_new_conversation_, false);
       lock.unlock();
+      if (fresh) backend_->new_conversation();
       std::optional<CloudStepResult> result;
       std::optional<CloudError> error;
       try {
@@ -170,7 +179,9 @@ void CloudLink::worker() {
     pending_sync_.reset();
     if (disabled_ || Clock::now() < retry_at_) continue;
     busy_ = true;
+    const bool fresh = std::exchange(pending_new_conversation_, false);
     lock.unlock();
+    if (fresh) backend_->new_conversation();
     std::optional<CloudError> error;
     try {
       backend_->step(history, CloudOp{});

@@ -34,6 +34,9 @@ class CloudLink {
   // Pushes the history in the background (latest wins; dropped while backing off).
   void sync(const std::vector<TokenId>& history);
 
+  // The conversation starts over (the backend opens a fresh session before its next step).
+  void new_conversation();
+
   // Runs a consultation and waits for it up to the timeout (the worker first finishes a sync in
   // flight). Returns nullopt on any failure, with the reason in *why; a late answer is dropped.
   // After a failure it returns nullopt at once until the pause is over, then sends a sync as a
@@ -71,6 +74,7 @@ class CloudLink {
   std::optional<CloudStepResult> result_;
   std::string error_;
   bool stop_ = false;
+  bool pending_new_conversation_ = false;
   bool busy_ = false;        // the worker is inside a backend call
   uint64_t awaited_id_ = 0;  // the request request() is waiting for, 0 for none
   bool disabled_ = false;

@@ -161,6 +161,11 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
     throw Error("the prompt has " + std::to_string(context.size()) +
                 " tokens but the context holds " + std::to_string(ctx_->n_ctx()) + " (-c)");
   }
+  // A context that does not continue the conversation starts another one: a fresh cloud session
+  // (not a replay: nothing was lost).
+  const bool continues = context.size() >= history_.size() &&
+                         std::equal(history_.begin(), history_.end(), context.begin());
+  if (!continues && link_) link_->new_conversation();
   history_.assign(context.begin(), context.end());
   for (TokenId t : context) sampler_.accept(t);
 

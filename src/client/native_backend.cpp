@@ -112,7 +112,8 @@ class NativeBackend : public CloudBackend {
     if (history.empty()) throw Error("cloud step: the history is empty");
     if (session_.empty()) {
       open_session();
-      if (opened_before_) count_replay(history.size());
+      if (opened_before_ && !fresh_conversation_) count_replay(history.size());
+      fresh_conversation_ = false;
     } else if (!extends(history, mirror_)) {
       // The edge's history left what the cloud holds (e.g. a new chat turn re-tokenized):
       // the protocol has no truncate, so replay into a new session.
@@ -212,6 +213,11 @@ class NativeBackend : public CloudBackend {
   }
 
   void abort() noexcept override { http_.abort(); }
+
+  void new_conversation() noexcept override {
+    close();
+    fresh_conversation_ = true;
+  }
 
   CloudCounters counters() const override {
     CloudCounters c = counters_;
@@ -367,6 +373,7 @@ class NativeBackend : public CloudBackend {
   CloudModelInfo info_;
   CloudCounters counters_;
   bool opened_before_ = false;
+  bool fresh_conversation_ = false;  // new_conversation() was called: the next open is no replay
 };
 
 }  // namespace

@@ -556,12 +556,14 @@ TEST_F(EdgeCloudTest, MultiTurnKeepsTheCloudSession) {
   EXPECT_EQ(second.stats.tokens, 16);
   EXPECT_EQ(second.stats.replays, 0);
   EXPECT_GT(second.stats.route_events, 0);
-  // A history that leaves what the cloud holds is replayed into a new session.
+  // Another conversation gets a fresh session (the protocol cannot cut one back); that is not
+  // a replay.
   std::vector<TokenId> other = prompt_;
   other.push_back(more[0]);
   const EdgeResult third = edge.generate(other, 8);
   EXPECT_EQ(third.stats.tokens, 8);
-  EXPECT_EQ(third.stats.replays, 1);
+  EXPECT_EQ(third.stats.replays, 0);
+  EXPECT_EQ(third.stats.fallbacks, 0);
 }
 
 TEST_F(EdgeCloudTest, CloudDownAtStartStillAnswers) {
