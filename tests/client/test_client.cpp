@@ -710,6 +710,35 @@ TEST_F(EdgeCloudTest, OtherVocabularyIsRefusedNamingBoth) {
   EXPECT_EQ(other.steps(), 0);
 }
 
+std::string real_model_path() {
+  const char* env = std::getenv("TANDEM_MODEL");
+  std::string path = env ? env : "";
+  if (path.empty()) {
+    const char* home = std::getenv("HOME");
+    path = std::string(home ? home : "/root") + "/.cache/tandem/models/gemma-3-270m-q4_k_m.gguf";
+  }
+  return std::filesystem::exists(path) ? path : "";
+}
+
+TEST(RealModel, RouteAndSpeculativeEqualTheCloudsGreedyOutput) {
+  const std::string path = real_model_path();
+  if (path.empty()) GTEST_SKIP() << "no real model (set TANDEM_MODEL)";
+  auto model = Model::load(path);
+  const auto prompt = model->tokenizer().encode("The capital of France is", true, false);
+  const auto want = greedy(*model, prompt, 16);
+  ServeProcess serve(path);
+  serve.start();
+  CloudOptions c;
+  c.url = serve.url();
+  for (EdgeMode mode : {EdgeMode::Route, EdgeMode::Speculative}) {
+    EdgeDecoder edge(*model, edge_options(mode, "always"), make_cloud_backend(c, *model));
+    edge.start();
+    const EdgeResult r = edge.generate(prompt, 16);
+    EXPECT_EQ(r.ids, want) << edge_mode_name(mode);
+    EXPECT_EQ(r.stats.fallbacks, 0);
+  }
+}
+
 TEST_F(EdgeCloudTest, RealModelCloudIsRefusedByASyntheticEdge) {
   const char* env = std::getenv("TANDEM_MODEL");
   std::string path = env ? env : "";
