@@ -269,7 +269,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
        << (fs::path(o.out_dir) / "loglik.png").string()
        << "'\nset title 'WikiText-2: edge-to-cloud NLL gap recovered against cloud share'\n"
           "set xlabel 'cloud share of tokens (%)'\nset ylabel 'gap recovered (%)'\nset grid\n"
-          "set key top left\nset yrange [0:100]\n"
+          "set key top left\nset yrange [0:*]\n"
           "plot '"
        << dat_path
        << "' index 0 using 2:3 with linespoints title 'oracle' lw 2, "
