@@ -20,6 +20,8 @@
 #include "common/error.h"
 #include "eval/stats.h"
 #include "eval/tasks.h"
+#include "net/delay_proxy.h"
+#include "net/http_client.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -175,6 +177,10 @@ class EvalCommand : public Command {
         ->capture_default_str();
     sub_->add_option("-c,--ctx-size", n_ctx_, "Edge context size")->check(CLI::Range(0, 1 << 20));
     sub_->add_option("-t,--threads", threads_, "Edge threads (default: all cores)");
+    sub_->add_option("--rtt-ms", rtt_ms_,
+                     "Add this network round trip between device and cloud (a loopback delay "
+                     "proxy in this process)")
+        ->check(CLI::Range(0.0, 10000.0));
     sub_->add_flag("--no-plots", no_plots_, "Skip the gnuplot plots");
     sub_->add_flag("--json", json_, "Print results.json on stdout too");
   }
@@ -204,6 +210,19 @@ class EvalCommand : public Command {
       return run_wikitext_eval(w);
     }
     const auto runs = parse_runs(modes_, rates_, policy_);
+    // The device reaches the cloud through the delay proxy when a round trip is asked for.
+    std::unique_ptr<net::DelayProxy> proxy;
+    if (rtt_ms_ > 0 && !cloud_.url.empty()) {
+      net::Url u;
+      try {
+        u = net::parse_url(cloud_.url);
+      } catch (const std::invalid_argument& e) {
+        throw Error(std::string("--cloud: ") + e.what());
+      }
+      proxy = std::make_unique<net::DelayProxy>(u.host, u.port, rtt_ms_);
+      cloud_.url = u.scheme + "://127.0.0.1:" + std::to_string(proxy->port()) + u.prefix;
+      std::fprintf(stderr, "[eval] %g ms round trip added by a loopback proxy\n", rtt_ms_);
+    }
     for (const auto& r : runs) {
       if (r.mode != EdgeMode::Local && cloud_.url.empty()) {
         throw Error("mode " + r.name + " needs --cloud URL");
@@ -228,7 +247,7 @@ class EvalCommand : public Command {
                        {"name", model->info().name},
                        {"vocab_hash", vocab_hash_hex(tok.fingerprint())},
                        {"file_bytes", model->info().file_bytes}};
-    results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}};
+    results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}, {"rtt_ms_added", rtt_ms_}};
     results["machine"] = machine_description();
 
     std::map<std::string, std::map<std::string, ItemRecord>> by_run;
@@ -535,7 +554,7 @@ class EvalCommand : public Command {
   std::vector<double> rates_;
   CloudOptions cloud_;
   int shots_ = 5, limit_ = 0, draft_ = 4, n_ctx_ = 0, threads_ = 0;
-  double timeout_s_ = 10;
+  double timeout_s_ = 10, rtt_ms_ = 0;
   bool no_plots_ = false, json_ = false;
   int errors_ = 0;
 };
