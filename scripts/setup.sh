@@ -12,7 +12,7 @@ PACKAGES=(
   build-essential g++ cmake ninja-build pkg-config git
   libhwy-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libcpp-httplib-dev libssl-dev libboost-dev
-  haproxy curl ccache gnuplot-nox
+  haproxy curl ccache gnuplot-nox openssl
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   python3 python3-pip

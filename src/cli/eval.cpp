@@ -16,9 +16,12 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/eval_loglik.h"
 #include "common/error.h"
 #include "eval/stats.h"
 #include "eval/tasks.h"
+#include "net/delay_proxy.h"
+#include "net/http_client.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -143,7 +146,17 @@ class EvalCommand : public Command {
         ->capture_default_str();
     sub_->add_option("--api-key", cloud_.api_key, "Cloud API key");
     sub_->add_flag("--insecure", cloud_.insecure, "https: do not verify the certificate");
-    sub_->add_option("--task", task_, "csqa | arc-easy | arc-challenge | piqa | gsm8k")->required();
+    sub_->add_option("--task", task_, "csqa | arc-easy | arc-challenge | piqa | gsm8k | wikitext")
+        ->required();
+    sub_->add_option("--cloud-model", cloud_model_,
+                     "wikitext: the cloud model as a local file instead of --cloud");
+    sub_->add_option("--chunks", chunks_, "wikitext: chunks scored")
+        ->check(CLI::Range(1, 10000))
+        ->capture_default_str();
+    sub_->add_option("--chunk-tokens", chunk_tokens_,
+                     "wikitext: tokens per chunk (the second half scored)")
+        ->check(CLI::Range(16, 1 << 16))
+        ->capture_default_str();
     sub_->add_option("--modes", modes_, "Comma-separated: local,cloud,route,speculative")
         ->capture_default_str();
     sub_->add_option("--rates", rates_, "Route mode: target cloud shares, e.g. 0.02,0.05,0.1")
@@ -164,6 +177,10 @@ class EvalCommand : public Command {
         ->capture_default_str();
     sub_->add_option("-c,--ctx-size", n_ctx_, "Edge context size")->check(CLI::Range(0, 1 << 20));
     sub_->add_option("-t,--threads", threads_, "Edge threads (default: all cores)");
+    sub_->add_option("--rtt-ms", rtt_ms_,
+                     "Add this network round trip between device and cloud (a loopback delay "
+                     "proxy in this process)")
+        ->check(CLI::Range(0.0, 10000.0));
     sub_->add_flag("--no-plots", no_plots_, "Skip the gnuplot plots");
     sub_->add_flag("--json", json_, "Print results.json on stdout too");
   }
@@ -172,7 +189,40 @@ class EvalCommand : public Command {
     if (model_.empty()) model_ = default_model_path();
     if (out_.empty()) out_ = "eval-out/" + task_;
     if (rates_.empty()) rates_ = {0.05, 0.2};
+    if (task_ == "wikitext") {
+      WikitextEvalOptions w;
+      w.command = invocation();
+      w.edge_model = model_;
+      w.cloud_url = cloud_.url;
+      w.api = cloud_.api;
+      w.api_key = cloud_.api_key;
+      w.insecure = cloud_.insecure;
+      w.cloud_model = cloud_model_;
+      w.data_dir = data_;
+      w.out_dir = out_;
+      w.rates = rates_;
+      w.chunks = chunks_;
+      w.chunk_tokens = chunk_tokens_;
+      w.threads = threads_;
+      w.timeout_s = std::max(timeout_s_, 60.0);
+      w.plots = !no_plots_;
+      w.json = json_;
+      return run_wikitext_eval(w);
+    }
     const auto runs = parse_runs(modes_, rates_, policy_);
+    // The device reaches the cloud through the delay proxy when a round trip is asked for.
+    std::unique_ptr<net::DelayProxy> proxy;
+    if (rtt_ms_ > 0 && !cloud_.url.empty()) {
+      net::Url u;
+      try {
+        u = net::parse_url(cloud_.url);
+      } catch (const std::invalid_argument& e) {
+        throw Error(std::string("--cloud: ") + e.what());
+      }
+      proxy = std::make_unique<net::DelayProxy>(u.host, u.port, rtt_ms_);
+      cloud_.url = u.scheme + "://127.0.0.1:" + std::to_string(proxy->port()) + u.prefix;
+      std::fprintf(stderr, "[eval] %g ms round trip added by a loopback proxy\n", rtt_ms_);
+    }
     for (const auto& r : runs) {
       if (r.mode != EdgeMode::Local && cloud_.url.empty()) {
         throw Error("mode " + r.name + " needs --cloud URL");
@@ -197,7 +247,7 @@ class EvalCommand : public Command {
                        {"name", model->info().name},
                        {"vocab_hash", vocab_hash_hex(tok.fingerprint())},
                        {"file_bytes", model->info().file_bytes}};
-    results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}};
+    results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}, {"rtt_ms_added", rtt_ms_}};
     results["machine"] = machine_description();
 
     std::map<std::string, std::map<std::string, ItemRecord>> by_run;
@@ -499,11 +549,12 @@ class EvalCommand : public Command {
 
   std::string model_, task_, modes_ = "local,cloud,route,speculative", policy_ = "confidence";
   std::string data_ = (fs::path(TANDEM_SOURCE_DIR) / ".." / "shared" / "data").string();
-  std::string out_;
+  std::string out_, cloud_model_;
+  int chunks_ = 8, chunk_tokens_ = 512;
   std::vector<double> rates_;
   CloudOptions cloud_;
   int shots_ = 5, limit_ = 0, draft_ = 4, n_ctx_ = 0, threads_ = 0;
-  double timeout_s_ = 10;
+  double timeout_s_ = 10, rtt_ms_ = 0;
   bool no_plots_ = false, json_ = false;
   int errors_ = 0;
 };

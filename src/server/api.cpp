@@ -444,6 +444,7 @@ struct CompletionRequest {
   bool echo = false;
   bool stream = false;
   bool return_tokens = false;
+  bool tokens_as_ids = false;  // vLLM's return_tokens_as_token_ids: logprob tokens as "token_id:N"
   std::string model_name;
   std::optional<std::string> prompt_text;  // the prompt as the client wrote it, for echo
 };
@@ -635,13 +636,16 @@ class CompletionJob : public Job {
                {"top_logprobs", json::array()},
                {"text_offset", json::array()}};
     size_t off = text_offset0;
+    auto label = [&](TokenId t) {
+      return req_.tokens_as_ids ? "token_id:" + std::to_string(t) : piece(t);
+    };
     auto add = [&](TokenId t, std::optional<float> l, const std::vector<TopEntry>* top) {
       const std::string p = piece(t);
-      lp["tokens"].push_back(p);
+      lp["tokens"].push_back(label(t));
       lp["token_logprobs"].push_back(l ? json(*l) : json(nullptr));
       if (top && !top->empty()) {
         json m = json::object();
-        for (const auto& e : *top) m[piece(e.id)] = e.logprob;
+        for (const auto& e : *top) m[label(e.id)] = e.logprob;
         lp["top_logprobs"].push_back(m);
       } else {
         lp["top_logprobs"].push_back(nullptr);
@@ -1101,6 +1105,7 @@ struct Api::Impl {
           (void)lp;
         }
         r.echo = get_bool(j, "echo", false);
+        r.tokens_as_ids = get_bool(j, "return_tokens_as_token_ids", false);
         if (field(j, "prompt_logprobs")) {
           r.prompt_top_n = static_cast<int>(get_int(j, "prompt_logprobs", 0, 0, options.max_top_n));
           r.prompt_logprobs_from = 1;

@@ -36,7 +36,8 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
                   "' may hold only letters, digits, '-' and '_'");
     }
   }
-  if (options_.session_prefix.size() > 16) throw Error("--session-prefix is longer than 16 characters");
+  if (options_.session_prefix.size() > 16)
+    throw Error("--session-prefix is longer than 16 characters");
   ContextParams cp;
   cp.n_ctx = options_.n_ctx;
   cp.n_seq = options_.max_sessions + options_.stateless_slots;
@@ -489,19 +490,39 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
       }
     }
   }
+  // A hook that throws fails its own job only; the engine thread keeps serving the others.
+  std::vector<std::pair<std::shared_ptr<Job>, std::string>> failed;
+  auto failed_already = [&](const Job* j) {
+    return std::any_of(failed.begin(), failed.end(), [&](auto& f) { return f.first.get() == j; });
+  };
   size_t row_of_batch = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
     if (!batch[b].want_logits) continue;
     const auto [take, feed_index] = rows[row_of_batch++];
-    active[takes[take].job]->on_logits(feed_index, ctx_->logits(static_cast<int>(b)));
+    const std::shared_ptr<Job>& job = active[takes[take].job];
+    if (failed_already(job.get())) continue;
+    try {
+      job->on_logits(feed_index, ctx_->logits(static_cast<int>(b)));
+    } catch (const std::exception& e) {
+      failed.push_back({job, e.what()});
+    }
   }
   std::vector<std::shared_ptr<Job>> done;
   for (const Take& t : takes) {
-    Job& job = *active[t.job];
-    job.fed += t.count;
-    if (job.fed == job.feed.size()) {
-      if (job.cancelled || !job.on_feed_done()) done.push_back(active[t.job]);
+    const std::shared_ptr<Job>& job = active[t.job];
+    if (failed_already(job.get())) continue;
+    job->fed += t.count;
+    if (job->fed == job->feed.size()) {
+      try {
+        if (job->cancelled || !job->on_feed_done()) done.push_back(job);
+      } catch (const std::exception& e) {
+        failed.push_back({job, e.what()});
+      }
     }
+  }
+  for (auto& [job, what] : failed) {
+    active.erase(std::find(active.begin(), active.end(), job));
+    finish_job(job, JobFailure::Internal, what);
   }
   for (auto& job : done) {
     active.erase(std::find(active.begin(), active.end(), job));

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/testdata.h"
+#include "eval/loglik.h"
 #include "eval/stats.h"
 #include "eval/tasks.h"
 
@@ -113,6 +114,34 @@ TEST(EvalTasks, LoadFromSharedData) {
   EXPECT_NE(gsm.header.find("#### 18"), std::string::npos) << "a shot is a worked solution";
   EXPECT_THROW(load_task("mmlu", data, 5), Error);
   EXPECT_THROW(load_task("csqa", "/nonexistent", 5), Error);
+}
+
+}  // namespace
+}  // namespace tandem::eval
+
+namespace tandem::eval {
+namespace {
+
+TEST(EvalLoglik, RoutedOracleAndQuantile) {
+  // Edge NLL 2 everywhere; the cloud is better by 0, 1, 2, 3 nats at four positions.
+  std::vector<Position> p = {{-2, -2, 0.1f}, {-2, -1, 0.9f}, {-2, 0, 0.2f}, {-2, 1, 0.5f}};
+  EXPECT_DOUBLE_EQ(mean_nll_edge(p), 2);
+  EXPECT_DOUBLE_EQ(mean_nll_cloud(p), 0.5);
+  const RoutedLoglik none = routed(p, {false, false, false, false});
+  EXPECT_DOUBLE_EQ(none.nll, 2);
+  EXPECT_DOUBLE_EQ(none.gap_recovered, 0);
+  const RoutedLoglik all = routed(p, {true, true, true, true});
+  EXPECT_DOUBLE_EQ(all.gap_recovered, 1);
+  // The oracle at 25% takes the position that gains 3 nats: NLL (2+2+2-1)/4 = 1.25.
+  const RoutedLoglik o = oracle(p, 0.25);
+  EXPECT_DOUBLE_EQ(o.share, 0.25);
+  EXPECT_DOUBLE_EQ(o.nll, 1.25);
+  EXPECT_DOUBLE_EQ(o.gap_recovered, 0.5);
+  // By score at 25%: position 1 (score 0.9), which gains 1 nat.
+  const RoutedLoglik q = by_score_quantile(p, 0.25);
+  EXPECT_DOUBLE_EQ(q.nll, 1.75);
+  EXPECT_NEAR(q.gap_recovered, 0.25 / 1.5, 1e-12);
+  EXPECT_LE(q.gap_recovered, o.gap_recovered) << "nothing beats the oracle at equal share";
 }
 
 }  // namespace

@@ -107,5 +107,50 @@ TEST(EvalEndToEnd, AllModesThroughALoopbackServerAndResume) {
   fs::remove_all(out);
 }
 
+// WikiText-2 log-likelihood under routing: the cloud's log-probabilities through a server's
+// /v1/completions prompt_logprobs and SGLang-style /generate equal a local copy's, and every
+// policy stays under the oracle at the same share.
+TEST(EvalEndToEnd, WikitextLoglikThroughTheServerEqualsLocal) {
+  const std::string cloud = testdata_path("models/synth-llama-Q8_0.gguf");
+  const std::string edge = testdata_path("models/synth-llama-Q4_0.gguf");
+  ServerProcess server(cloud);
+  const fs::path out = fs::temp_directory_path() / ("tandem-wt-" + std::to_string(getpid()));
+  auto run = [&](std::vector<std::string> extra, const std::string& dir) {
+    std::vector<std::string> a = {TANDEM_BINARY,
+                                  "eval",
+                                  "-m",
+                                  edge,
+                                  "--task",
+                                  "wikitext",
+                                  "--chunks",
+                                  "2",
+                                  "--chunk-tokens",
+                                  "64",
+                                  "--rates",
+                                  "0.1,0.3",
+                                  "--out",
+                                  (out / dir).string(),
+                                  "-t",
+                                  "1",
+                                  "--no-plots"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    EXPECT_EQ(wait_exit(spawn(a)), 0);
+    return json::parse(std::ifstream(out / dir / "results.json"));
+  };
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port());
+  const json local = run({"--cloud-model", cloud}, "local");
+  const json openai = run({"--cloud", url}, "openai");
+  const json sglang = run({"--cloud", url, "--cloud-api", "sglang"}, "sglang");
+  EXPECT_EQ(local["scored_positions"], 62);
+  EXPECT_NEAR(openai["cloud"]["nll"].get<double>(), local["cloud"]["nll"].get<double>(), 1e-4);
+  EXPECT_NEAR(sglang["cloud"]["nll"].get<double>(), local["cloud"]["nll"].get<double>(), 1e-4);
+  EXPECT_EQ(openai["edge"]["nll"], local["edge"]["nll"]);
+  for (const auto& r : local["routes"]) {
+    EXPECT_GE(r["nll"].get<double>(), r["oracle_nll"].get<double>() - 1e-9)
+        << "nothing beats the oracle at the same share";
+  }
+  fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace tandem::testing

@@ -98,6 +98,16 @@ class Compat(unittest.TestCase):
         self.assertGreater(a.usage.prompt_tokens_details.cached_tokens, 0,
                            "the second identical prompt reuses the cached prefix")
 
+    def test_tokens_as_token_ids(self):
+        r = self.client.completions.create(model="m", prompt=self.ids, max_tokens=5, temperature=0,
+                                           logprobs=1,
+                                           extra_body={"return_tokens_as_token_ids": True})
+        ids = [int(t.split(":")[1]) for t in r.choices[0].logprobs.tokens]
+        llama = json.loads(curl("-d", json.dumps({"prompt": self.ids, "n_predict": 5,
+                                                  "temperature": 0, "return_tokens": True}),
+                                self.server.url + "/completion"))
+        self.assertEqual(ids, llama["tokens"])
+
     def test_stop_and_echo(self):
         full = self.client.completions.create(model="m", prompt="The capital of France is",
                                               max_tokens=12, temperature=0).choices[0].text

@@ -1,0 +1,290 @@
+// tandem eval --task wikitext: teacher-forced log-likelihood of WikiText-2 under routing. The
+// edge model runs here; the cloud's log-probability of every true token comes from the cloud
+// (prompt log-probabilities: tandem serve's or vLLM's /v1/completions `prompt_logprobs`, SGLang's
+// /generate `input_token_logprobs`) or from a local copy (--cloud-model). Each router policy runs
+// online with its target-rate controller over the scored positions in order, as it would on a
+// device; the oracle at the same share is the ceiling.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/eval_loglik.h"
+#include "common/error.h"
+#include "eval/loglik.h"
+#include "net/http_client.h"
+#include "tandem/client.h"
+#include "tandem/engine.h"
+#include "tandem/router.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem::cli {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+using namespace tandem::eval;
+
+// log p(token) from a logits row.
+float log_prob(std::span<const float> logits, TokenId token) {
+  float mx = -INFINITY;
+  for (float v : logits) mx = std::max(mx, v);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
+  return static_cast<float>(logits[token] - mx - std::log(sum));
+}
+
+// Runs a chunk through a model; calls fn(i, logits row i) for every scored row.
+void run_chunk(Context& ctx, const std::vector<TokenId>& chunk, int first_scored,
+               const std::function<void(int, std::span<const float>)>& fn) {
+  ctx.clear(0);
+  std::vector<BatchToken> batch;
+  for (size_t i = 0; i < chunk.size(); ++i) {
+    batch.push_back({chunk[i], static_cast<int32_t>(i), 0,
+                     static_cast<int>(i) >= first_scored && i + 1 < chunk.size()});
+  }
+  ctx.decode(batch);
+  for (int i = first_scored; i + 1 < static_cast<int>(chunk.size()); ++i) fn(i, ctx.logits(i));
+}
+
+// The cloud's log-probabilities of chunk[i + 1] for i in [first_scored, n - 1), over HTTP.
+std::vector<float> cloud_logprobs_http(net::HttpClient& http, const std::string& api,
+                                       const std::vector<TokenId>& chunk, int first_scored,
+                                       double timeout_s) {
+  json req;
+  std::string path;
+  if (api == "sglang") {
+    path = "/generate";
+    req = {{"input_ids", chunk},
+           {"sampling_params", {{"max_new_tokens", 0}, {"temperature", 0}}},
+           {"return_logprob", true},
+           {"logprob_start_len", 0}};
+  } else {
+    path = "/v1/completions";
+    req = {{"prompt", chunk}, {"max_tokens", 0}, {"temperature", 0}, {"prompt_logprobs", 0}};
+  }
+  const auto res = http.request("POST", path, req.dump(),
+                                std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  if (res.status != 200) {
+    throw Error("the cloud answered " + std::to_string(res.status) + " to " + path + ": " +
+                res.body.substr(0, 300));
+  }
+  const json j = json::parse(res.body, nullptr, false);
+  std::vector<float> out;
+  for (int i = first_scored; i + 1 < static_cast<int>(chunk.size()); ++i) {
+    const TokenId want = chunk[i + 1];
+    double lp = NAN;
+    if (api == "sglang") {
+      const json& in = j.at("meta_info").at("input_token_logprobs");
+      if (in.at(i + 1).at(1).get<int>() != want) throw Error("SGLang answered for another token");
+      lp = in.at(i + 1).at(0).get<double>();
+    } else {
+      const json& pl = j.at("choices").at(0).at("prompt_logprobs");
+      lp = pl.at(i + 1).at(std::to_string(want)).at("logprob").get<double>();
+    }
+    out.push_back(static_cast<float>(lp));
+  }
+  return out;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+}  // namespace
+
+int run_wikitext_eval(const WikitextEvalOptions& o) {
+  if (o.api == "llamacpp") {
+    throw Error(
+        "llama-server returns no prompt log-probabilities; give --cloud-model FILE or a "
+        "tandem/openai/sglang cloud");
+  }
+  if (o.cloud_url.empty() && o.cloud_model.empty()) {
+    throw Error(
+        "--task wikitext needs the cloud's log-probabilities: --cloud URL or --cloud-model FILE");
+  }
+  const std::string path = o.data_dir + "/wikitext-2/test.txt";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read " + path);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+
+  auto edge = Model::load(o.edge_model);
+  const Tokenizer& tok = edge->tokenizer();
+  std::unique_ptr<Model> cloud_local;
+  std::unique_ptr<net::HttpClient> http;
+  if (!o.cloud_model.empty()) {
+    cloud_local = Model::load(o.cloud_model);
+    if (cloud_local->tokenizer().fingerprint() != tok.fingerprint()) {
+      throw Error("--cloud-model " + o.cloud_model + " has another vocabulary than " +
+                  o.edge_model);
+    }
+  } else {
+    net::HttpOptions ho;
+    ho.api_key = o.api_key;
+    ho.insecure = o.insecure;
+    http = std::make_unique<net::HttpClient>(net::parse_url(o.cloud_url), ho);
+  }
+
+  const int L = o.chunk_tokens;
+  const std::vector<TokenId> all = tok.encode(text, false, false);
+  const int n_chunks = std::min<int>(o.chunks, static_cast<int>(all.size() / L));
+  if (n_chunks < 1) throw Error("the text has fewer than " + std::to_string(L) + " tokens");
+  const int first_scored = L / 2;
+  std::fprintf(stderr, "[wikitext] %d chunks of %d tokens, the second half of each scored\n",
+               n_chunks, L);
+
+  ContextParams cp;
+  cp.n_ctx = L;
+  cp.n_threads = o.threads;
+  Context edge_ctx(*edge, cp);
+  std::unique_ptr<Context> cloud_ctx;
+  if (cloud_local) cloud_ctx = std::make_unique<Context>(*cloud_local, cp);
+
+  const std::vector<std::string> policies = {"confidence", "entropy", "margin"};
+  std::vector<Position> positions;
+  std::vector<RouterSignal> signals;
+  std::vector<std::vector<float>> scores(policies.size());
+  std::vector<Router> scorers;
+  for (const auto& p : policies) scorers.emplace_back(parse_router_policy(p));
+  for (int c = 0; c < n_chunks; ++c) {
+    std::vector<TokenId> chunk(all.begin() + static_cast<std::ptrdiff_t>(c) * L,
+                               all.begin() + static_cast<std::ptrdiff_t>(c + 1) * L);
+    if (tok.add_bos()) chunk[0] = tok.bos();
+    const size_t base = positions.size();
+    run_chunk(edge_ctx, chunk, first_scored, [&](int i, std::span<const float> logits) {
+      Position p;
+      p.edge_logprob = log_prob(logits, chunk[i + 1]);
+      positions.push_back(p);
+      signals.push_back(router_signal_from_logits(logits, i, 8));
+      for (size_t k = 0; k < policies.size(); ++k)
+        scores[k].push_back(scorers[k].score(signals.back()));
+    });
+    std::vector<float> cloud_lp;
+    if (cloud_ctx) {
+      run_chunk(*cloud_ctx, chunk, first_scored, [&](int i, std::span<const float> logits) {
+        cloud_lp.push_back(log_prob(logits, chunk[i + 1]));
+      });
+    } else {
+      cloud_lp = cloud_logprobs_http(*http, o.api, chunk, first_scored, o.timeout_s);
+    }
+    for (size_t i = 0; i < cloud_lp.size(); ++i) positions[base + i].cloud_logprob = cloud_lp[i];
+    std::fprintf(stderr, "\r[wikitext] chunk %d/%d", c + 1, n_chunks);
+  }
+  std::fprintf(stderr, "\n");
+
+  const double nll_edge = mean_nll_edge(positions), nll_cloud = mean_nll_cloud(positions);
+  json results = {
+      {"command", o.command},
+      {"task", "wikitext"},
+      {"source", path},
+      {"chunks", n_chunks},
+      {"chunk_tokens", L},
+      {"scored_positions", positions.size()},
+      {"edge", {{"path", o.edge_model}, {"nll", nll_edge}, {"ppl", std::exp(nll_edge)}}},
+      {"cloud",
+       {{"source", o.cloud_model.empty() ? o.cloud_url : o.cloud_model},
+        {"nll", nll_cloud},
+        {"ppl", std::exp(nll_cloud)}}},
+      {"gap_nats", nll_edge - nll_cloud}};
+  json rows = json::array();
+  for (size_t k = 0; k < policies.size(); ++k) {
+    for (double rate : o.rates) {
+      // Online, as on a device: the controller sees the scores in order.
+      RouterConfig cfg = parse_router_policy(policies[k]);
+      cfg.target_rate = rate;
+      Router router(cfg);
+      std::vector<bool> flags;
+      for (size_t i = 0; i < positions.size(); ++i) {
+        const RouteDecision d = router.decide(signals[i]);
+        flags.push_back(d.cloud);
+        router.record(d.cloud, 1);
+      }
+      const RoutedLoglik online = routed(positions, flags);
+      std::vector<Position> with_scores = positions;
+      for (size_t i = 0; i < positions.size(); ++i) with_scores[i].score = scores[k][i];
+      const RoutedLoglik hindsight = by_score_quantile(with_scores, rate);
+      const RoutedLoglik best = oracle(positions, online.share);
+      rows.push_back({{"policy", policies[k]},
+                      {"target", rate},
+                      {"share", online.share},
+                      {"nll", online.nll},
+                      {"gap_recovered", online.gap_recovered},
+                      {"hindsight_threshold_gap_recovered", hindsight.gap_recovered},
+                      {"oracle_gap_recovered", best.gap_recovered},
+                      {"oracle_nll", best.nll},
+                      {"of_oracle",
+                       best.gap_recovered > 0 ? online.gap_recovered / best.gap_recovered : 0.0}});
+    }
+  }
+  results["routes"] = rows;
+  json curve = json::array();
+  for (double s : {0.0, 0.01, 0.02, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5}) {
+    curve.push_back({{"share", s}, {"gap_recovered", oracle(positions, s).gap_recovered}});
+  }
+  results["oracle_curve"] = curve;
+
+  fs::create_directories(o.out_dir);
+  std::ofstream(fs::path(o.out_dir) / "results.json") << results.dump(1) << "\n";
+  std::ofstream md(fs::path(o.out_dir) / "results.md");
+  md << "# WikiText-2: teacher-forced log-likelihood under routing\n\nCommand: `" << o.command
+     << "`\n\n"
+     << n_chunks << " chunks of " << L << " tokens, " << positions.size()
+     << " scored positions. Edge NLL " << fmt("%.4f", nll_edge) << " (PPL "
+     << fmt("%.2f", std::exp(nll_edge)) << "), cloud NLL " << fmt("%.4f", nll_cloud) << " (PPL "
+     << fmt("%.2f", std::exp(nll_cloud)) << "): a gap of " << fmt("%.3f", nll_edge - nll_cloud)
+     << " nats per token.\n\n"
+     << "| policy | target share | realised share | NLL | gap recovered | with a hindsight "
+        "threshold | oracle at the same share | of the oracle "
+        "|\n|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : rows) {
+    md << "| " << r["policy"].get<std::string>() << " | "
+       << fmt("%.0f%%", 100 * r["target"].get<double>()) << " | "
+       << fmt("%.1f%%", 100 * r["share"].get<double>()) << " | "
+       << fmt("%.4f", r["nll"].get<double>()) << " | "
+       << fmt("%.1f%%", 100 * r["gap_recovered"].get<double>()) << " | "
+       << fmt("%.1f%%", 100 * r["hindsight_threshold_gap_recovered"].get<double>()) << " | "
+       << fmt("%.1f%%", 100 * r["oracle_gap_recovered"].get<double>()) << " | "
+       << fmt("%.0f%%", 100 * r["of_oracle"].get<double>()) << " |\n";
+  }
+  // Gap recovered against share: one line per policy, the oracle above them.
+  {
+    std::ofstream dat(fs::path(o.out_dir) / "loglik.dat");
+    for (const auto& c : curve)
+      dat << "oracle " << 100 * c["share"].get<double>() << " "
+          << 100 * c["gap_recovered"].get<double>() << "\n";
+    for (const auto& p : policies) {
+      dat << "\n\n";
+      for (const auto& r : rows) {
+        if (r["policy"] == p)
+          dat << p << " " << 100 * r["share"].get<double>() << " "
+              << 100 * r["gap_recovered"].get<double>() << "\n";
+      }
+    }
+    std::ofstream gp(fs::path(o.out_dir) / "loglik.gp");
+    const std::string dat_path = (fs::path(o.out_dir) / "loglik.dat").string();
+    gp << "set terminal pngcairo size 900,600 font 'sans,11'\nset output '"
+       << (fs::path(o.out_dir) / "loglik.png").string()
+       << "'\nset title 'WikiText-2: edge-to-cloud NLL gap recovered against cloud share'\n"
+          "set xlabel 'cloud share of tokens (%)'\nset ylabel 'gap recovered (%)'\nset grid\n"
+          "set key top left\nset yrange [0:*]\n"
+          "plot '"
+       << dat_path
+       << "' index 0 using 2:3 with linespoints title 'oracle' lw 2, "
+          "'' index 1 using 2:3 with linespoints title 'confidence', "
+          "'' index 2 using 2:3 with linespoints title 'entropy', "
+          "'' index 3 using 2:3 with linespoints title 'margin'\n";
+  }
+  if (o.plots) {
+    const std::string cmd = "gnuplot '" + (fs::path(o.out_dir) / "loglik.gp").string() + "' 2>&1";
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "warning: gnuplot failed\n");
+  }
+  std::fprintf(stderr, "edge NLL %.4f, cloud NLL %.4f, gap %.3f nats; results in %s\n", nll_edge,
+               nll_cloud, nll_edge - nll_cloud, o.out_dir.c_str());
+  if (o.json) std::printf("%s\n", results.dump(1).c_str());
+  return 0;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,24 @@
+// tandem eval --task wikitext (eval_loglik.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem::cli {
+
+struct WikitextEvalOptions {
+  std::string command;  // the command line, for the results file
+  std::string edge_model;
+  std::string cloud_url, api = "tandem", api_key;
+  bool insecure = false;
+  std::string cloud_model;  // a local copy of the cloud model instead of a URL
+  std::string data_dir, out_dir;
+  std::vector<double> rates;
+  int chunks = 8, chunk_tokens = 512, threads = 0;
+  double timeout_s = 60;
+  bool plots = true, json = false;
+};
+
+int run_wikitext_eval(const WikitextEvalOptions& options);
+
+}  // namespace tandem::cli
