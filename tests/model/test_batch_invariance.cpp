@@ -257,7 +257,7 @@ INSTANTIATE_TEST_SUITE_P(
     ParamName);
 
 // The real model, on the best target: longer prompt, Gemma 3's sliding window not reached.
-TEST(BatchInvarianceReal, LogitsAndHiddenBitExactAcrossBatches) {
+TEST(RealModelBatchInvariance, LogitsAndHiddenBitExactAcrossBatches) {
   const std::string path = default_model_path();
   if (!std::filesystem::exists(path)) {
     GTEST_SKIP() << "real model not found at " << path << " (run scripts/fetch_model.sh)";
