@@ -408,28 +408,47 @@ TEST(Server, TlsWorks) {
 // SIGTERM while steps are running: every started step is answered in full, then the server
 // exits 0.
 TEST(Server, SigtermDrainsRunningSteps) {
+  constexpr int kSteps = 4, kTokens = 400;
   ServerProcess server(model_path(), {"-c", "2048"});
+  // Sessions first, so that only the steps are in flight when the signal comes.
+  std::vector<std::string> ids;
+  {
+    TestClient c = server.client();
+    for (int i = 0; i < kSteps; ++i) ids.push_back(new_session(c));
+  }
   std::vector<std::thread> threads;
-  std::atomic<int> ok{0};
-  std::vector<int> lengths(4, -1);
-  for (int i = 0; i < 4; ++i) {
+  std::atomic<int> ok{0}, sent{0};
+  std::vector<int> lengths(kSteps, -1);
+  for (int i = 0; i < kSteps; ++i) {
     threads.emplace_back([&, i] {
-      TestClient c = server.client();
-      const std::string s = new_session(c);
-      const HttpResult r =
-          c.post(step_path(s),
-                 {{"expected_pos", 0}, {"append", {1, 2, 3 + i}}, {"generate", {{"n", 1500}}}});
-      if (r.status == 200) {
-        ++ok;
-        lengths[i] = static_cast<int>(r.j()["tokens"].size());
+      try {
+        TestClient c = server.client();
+        c.get("/health");  // connected before the signal
+        ++sent;
+        const HttpResult r = c.post(
+            step_path(ids[i]),
+            {{"expected_pos", 0}, {"append", {1, 2, 3 + i}}, {"generate", {{"n", kTokens}}}});
+        if (r.status == 200) {
+          ++ok;
+          lengths[i] = static_cast<int>(r.j()["tokens"].size());
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "step " << i << ": " << e.what();
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  EXPECT_EQ(server.stop(), 0);
+  // Wait until all steps are queued or running (the server's own count), then SIGTERM.
+  TestClient probe = server.client();
+  for (int k = 0; k < 2000; ++k) {
+    const std::string m = probe.get("/metrics").body;
+    const size_t at = m.find("\ntandem_queue_length ");
+    if (sent == kSteps && at != std::string::npos && std::stoi(m.substr(at + 21)) >= kSteps) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(server.stop(/*grace_s=*/120), 0);
   for (auto& t : threads) t.join();
-  EXPECT_EQ(ok.load(), 4);
-  for (int n : lengths) EXPECT_TRUE(n == 1500 || n > 0) << n;
+  EXPECT_EQ(ok.load(), kSteps);
+  for (int n : lengths) EXPECT_EQ(n, kTokens) << "every started step answered in full";
 }
 
 TEST(Server, MetricsAreExposed) {
