@@ -138,11 +138,20 @@ struct TopEntry {
 };
 
 // log Σ exp(logits), computed stably.
+// Single-precision exps (a double exp per entry of a 262k vocabulary costs ~1 ms per token on
+// the engine thread), summed in eight partial sums so the loop vectorizes; the error is far below
+// what a log-probability is read for.
 double log_normalizer(std::span<const float> logits) {
   float mx = -INFINITY;
   for (float v : logits) mx = std::max(mx, v);
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= logits.size(); i += 8) {
+    for (int k = 0; k < 8; ++k) part[k] += std::exp(logits[i + k] - mx);
+  }
   double sum = 0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
+  for (; i < logits.size(); ++i) sum += std::exp(logits[i] - mx);
+  for (float p : part) sum += p;
   return mx + std::log(sum);
 }
 
