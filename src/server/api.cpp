@@ -988,15 +988,20 @@ struct Api::Impl {
   ApiOptions options;
   const Model& model;
   const Tokenizer& tok;
+  std::string vocab_hash;  // the tokenizer fingerprint as the protocol writes it, made once
   json model_json;
   json limits_json;
 
   Impl(Scheduler& s, Metrics& m, const ApiOptions& o)
-      : sched(s), metrics(m), options(o), model(s.model()), tok(s.model().tokenizer()) {
+      : sched(s),
+        metrics(m),
+        options(o),
+        model(s.model()),
+        tok(s.model().tokenizer()),
+        vocab_hash(hex16(tok.fingerprint())) {
     const ModelInfo& info = model.info();
-    model_json = {{"name", options.model_name}, {"arch", info.arch},
-                  {"n_vocab", info.n_vocab},    {"vocab_hash", hex16(tok.fingerprint())},
-                  {"bos", tok.bos()},           {"eos", tok.eos()},
+    model_json = {{"name", options.model_name}, {"arch", info.arch}, {"n_vocab", info.n_vocab},
+                  {"vocab_hash", vocab_hash},   {"bos", tok.bos()},  {"eos", tok.eos()},
                   {"eog", tok.eog_ids()}};
     limits_json = {{"n_ctx", s.options().n_ctx},
                    {"max_step_tokens", s.options().n_ctx},
@@ -1263,9 +1268,7 @@ struct Api::Impl {
         tokens.push_back(id);
       }
     }
-    send_json(
-        res, 200,
-        {{"tokens", tokens}, {"vocab_hash", hex16(tok.fingerprint())}, {"n_vocab", n_vocab()}});
+    send_json(res, 200, {{"tokens", tokens}, {"vocab_hash", vocab_hash}, {"n_vocab", n_vocab()}});
   }
 
   void detokenize(const HttpRequest& req, Responder& res) {
@@ -1290,7 +1293,7 @@ struct Api::Impl {
                 {"n_embd", info.n_embd},
                 {"n_params", info.n_params},
                 {"size", info.file_bytes},
-                {"vocab_hash", hex16(tok.fingerprint())}}}};
+                {"vocab_hash", vocab_hash}}}};
     send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
   }
 
@@ -1298,7 +1301,7 @@ struct Api::Impl {
     send_json(res, 200,
               {{"model_path", model.info().path},
                {"n_ctx", n_ctx()},
-               {"vocab_hash", hex16(tok.fingerprint())},
+               {"vocab_hash", vocab_hash},
                {"n_vocab", n_vocab()},
                {"total_slots", sched.options().stateless_slots}});
   }
