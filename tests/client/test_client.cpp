@@ -476,10 +476,22 @@ TEST_F(EdgeCloudTest, RouteSpanAndCloudModeEqualCloudGreedy) {
   EXPECT_EQ(b.stats.cloud_tokens, kN);
 }
 
+// The history length of the server's one open session (0 when there is none), from the admin list.
+size_t cloud_session_pos(const std::string& url) {
+  net::HttpClient http(net::parse_url(url), {.insecure = true});
+  const auto res = http.request("GET", "/tandem/v1/sessions", "", 2000ms);
+  const auto j = nlohmann::json::parse(res.body);
+  size_t pos = 0;
+  for (const auto& s : j.at("sessions")) pos = std::max(pos, s.at("pos").get<size_t>());
+  return pos;
+}
+
 TEST_F(EdgeCloudTest, RouteNeverEqualsEdgeGreedyAndSyncsAhead) {
   ServeProcess serve(cloud_model_path());
   serve.start();
-  for (bool sync_ahead : {true, false}) {
+  // Without sync-ahead first: a decoder that is destroyed with a push in flight cuts it and
+  // leaves its session to expire, which would show up in the list.
+  for (bool sync_ahead : {false, true}) {
     EdgeOptions o = edge_options(EdgeMode::Route, "never");
     o.sync_ahead = sync_ahead;
     EdgeDecoder edge(*edge_model_, o, backend(serve.url()));
@@ -487,10 +499,22 @@ TEST_F(EdgeCloudTest, RouteNeverEqualsEdgeGreedyAndSyncsAhead) {
     const EdgeResult r = edge.generate(prompt_, kN);
     EXPECT_EQ(r.ids, edge_greedy_);
     EXPECT_EQ(r.stats.cloud_tokens, 0);
+    EXPECT_EQ(r.stats.route_events, 0);
+    // Pushes run in the background and may still be in flight when generate() returns (the
+    // tiny edge model decodes 40 tokens in a few ms), so the check is what the server holds.
+    // The prompt is pushed at once and then every --sync-every tokens (latest wins), so the
+    // cloud session ends up past the prompt, within sync_every of the whole history.
+    const size_t whole = prompt_.size() + static_cast<size_t>(kN);
     if (sync_ahead) {
-      EXPECT_GT(r.stats.sync_steps, 0);
+      size_t pos = 0;
+      for (int i = 0; i < 200 && pos + o.sync_every < whole; ++i) {
+        pos = cloud_session_pos(serve.url());
+        if (pos + o.sync_every < whole) std::this_thread::sleep_for(25ms);
+      }
+      EXPECT_GE(pos + o.sync_every, whole);
     } else {
       EXPECT_EQ(r.stats.sync_steps, 0);
+      EXPECT_LT(cloud_session_pos(serve.url()), prompt_.size());
     }
   }
 }
