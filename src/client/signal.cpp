@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/kernels.h"
 #include "tandem/client.h"
 
 namespace tandem {
@@ -10,16 +11,9 @@ RouterSignal router_signal_from_logits(std::span<const float> logits, int positi
   RouterSignal s;
   s.position = position;
   if (logits.empty()) return s;
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  // One pass for the normaliser and sum(exp * (l - max)): entropy = log Z - E[l - max].
-  double z = 0, weighted = 0;
-  for (float l : logits) {
-    const double d = static_cast<double>(l) - max_logit;
-    const double e = std::exp(d);
-    z += e;
-    weighted += e * d;
-  }
-  s.entropy = static_cast<float>(std::log(z) - weighted / z);
+  const kernels::LogitStats stats =
+      kernels::logit_stats(logits.data(), static_cast<int64_t>(logits.size()));
+  s.entropy = static_cast<float>(stats.entropy);
   const int k = std::min(std::max(top_k, 2), static_cast<int>(logits.size()));
   // Top-k logits by partial selection over (value, index) would cost a copy of the row; keep
   // a small sorted buffer instead (k is small).
@@ -32,7 +26,7 @@ RouterSignal router_signal_from_logits(std::span<const float> logits, int positi
   }
   s.top_probs.resize(k);
   for (int i = 0; i < k; ++i) {
-    s.top_probs[i] = static_cast<float>(std::exp(static_cast<double>(top[i]) - max_logit) / z);
+    s.top_probs[i] = static_cast<float>(std::exp(static_cast<double>(top[i]) - stats.log_z));
   }
   s.margin = s.top_probs.size() >= 2 ? s.top_probs[0] - s.top_probs[1] : s.top_probs[0];
   return s;

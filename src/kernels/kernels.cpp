@@ -22,6 +22,7 @@ HWY_EXPORT(QuantizeActivationRowT);
 HWY_EXPORT(AxpyT);
 HWY_EXPORT(SwigluT);
 HWY_EXPORT(SoftmaxT);
+HWY_EXPORT(LogitStatsT);
 HWY_EXPORT(GegluT);
 HWY_EXPORT(AttentionScoresT);
 HWY_EXPORT(AttentionValuesT);
@@ -129,6 +130,9 @@ void geglu(const float* gate, const float* up, float* out, int64_t n) {
 }
 void softmax(float* x, int64_t n) {
   HWY_DYNAMIC_DISPATCH(SoftmaxT)(x, n);
+}
+LogitStats logit_stats(const float* x, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(LogitStatsT)(x, n);
 }
 float dot_f32(const float* a, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(DotF32T)(a, b, n);

@@ -57,6 +57,15 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n);
 void geglu(const float* gate, const float* up, float* out, int64_t n);
 // In-place softmax over n values.
 void softmax(float* x, int64_t n);
+// What a logits row's softmax says without writing it: the largest logit, log Z = log sum
+// exp(x) and the entropy in nats, in one read of the row (a vocabulary row is ~1 MiB, read per
+// generated token by the server's log-probabilities and the router's signal).
+struct LogitStats {
+  float max = 0;
+  double log_z = 0;
+  double entropy = 0;
+};
+LogitStats logit_stats(const float* x, int64_t n);
 // sum_i a[i] * b[i]
 float dot_f32(const float* a, const float* b, int64_t n);
 // y[i] += a * x[i]

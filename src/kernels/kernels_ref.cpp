@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -563,6 +564,27 @@ void geglu(const float* gate, const float* up, float* out, int64_t n) {
     else
       out[i] = f16_to_f32(table[f32_to_f16(x)]) * up[i];
   }
+}
+
+LogitStats logit_stats(const float* x, int64_t n) {
+  LogitStats st;
+  if (n <= 0) return st;
+  float max = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) max = std::fmax(max, x[i]);
+  // entropy = log Z - E[x - max] with Z = sum exp(x - max).
+  double z = 0, weighted = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    // A -inf logit (a masked token) adds 0 to both sums, not 0 * -inf.
+    const double d =
+        std::max(static_cast<double>(x[i]) - max, double{std::numeric_limits<float>::lowest()});
+    const double e = std::exp(d);
+    z += e;
+    weighted += e * d;
+  }
+  st.max = max;
+  st.log_z = max + std::log(z);
+  st.entropy = std::log(z) - weighted / z;
+  return st;
 }
 
 void softmax(float* x, int64_t n) {

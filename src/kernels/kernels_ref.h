@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/tensor_type.h"
+#include "kernels/kernels.h"  // LogitStats
 
 namespace tandem::kernels::ref {
 
@@ -37,6 +38,7 @@ void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 void geglu(const float* gate, const float* up, float* out, int64_t n);
 void softmax(float* x, int64_t n);
+LogitStats logit_stats(const float* x, int64_t n);
 float dot_f32(const float* a, const float* b, int64_t n);
 void axpy(float a, const float* x, float* y, int64_t n);
 void attention_scores(const float* queries, int64_t n_q, const float* keys, size_t key_stride,

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "gguf/gguf.h"
+#include "kernels/kernels.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -142,17 +143,7 @@ struct TopEntry {
 // the engine thread), summed in eight partial sums so the loop vectorizes; the error is far below
 // what a log-probability is read for.
 double log_normalizer(std::span<const float> logits) {
-  float mx = -INFINITY;
-  for (float v : logits) mx = std::max(mx, v);
-  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  size_t i = 0;
-  for (; i + 8 <= logits.size(); i += 8) {
-    for (int k = 0; k < 8; ++k) part[k] += std::exp(logits[i + k] - mx);
-  }
-  double sum = 0;
-  for (; i < logits.size(); ++i) sum += std::exp(logits[i] - mx);
-  for (float p : part) sum += p;
-  return mx + std::log(sum);
+  return kernels::logit_stats(logits.data(), static_cast<int64_t>(logits.size())).log_z;
 }
 
 std::vector<TopEntry> top_n(std::span<const float> logits, int n, double log_z) {

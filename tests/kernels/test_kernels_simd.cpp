@@ -554,6 +554,35 @@ TEST(KernelsSimdGeglu, MatchesReferenceExactly) {
   });
 }
 
+// Max, log-normaliser and entropy of a logits row against the reference on every target:
+// vocabulary-sized rows (the lane sums are folded into doubles), tails, and a masked (-inf) logit.
+TEST(KernelsSimdF32, LogitStatsMatchReference) {
+  std::mt19937 rng(29);
+  for (int64_t n : {1, 7, 257, 4864, 262144}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    auto x = RandomFloats(rng, static_cast<size_t>(n), 16.0f);
+    if (n > 1) x[static_cast<size_t>(n / 2)] = -INFINITY;
+    const LogitStats want = ref::logit_stats(x.data(), n);
+    ASSERT_TRUE(std::isfinite(want.log_z));
+    ASSERT_TRUE(std::isfinite(want.entropy));
+    ForEachTarget([&](const char* target) {
+      const LogitStats got = logit_stats(x.data(), n);
+      EXPECT_EQ(got.max, want.max) << target;
+      EXPECT_NEAR(got.log_z, want.log_z, 1e-5 * std::fabs(want.log_z) + 1e-6) << target;
+      EXPECT_NEAR(got.entropy, want.entropy, 1e-5 * want.entropy + 1e-6) << target;
+    });
+  }
+  // One dominant logit: entropy ~0 and log Z = the max.
+  std::vector<float> peaked(1000, -50.0f);
+  peaked[3] = 50.0f;
+  const LogitStats p = logit_stats(peaked.data(), 1000);
+  EXPECT_NEAR(p.log_z, 50.0, 1e-6);
+  EXPECT_NEAR(p.entropy, 0.0, 1e-6);
+  // Uniform: entropy = log n.
+  std::vector<float> flat(4096, 0.25f);
+  EXPECT_NEAR(logit_stats(flat.data(), 4096).entropy, std::log(4096.0), 1e-5);
+}
+
 // SIMD SiLU gate and softmax against the reference (exp within a few ulp), lengths with tails.
 TEST(KernelsSimdF32, SwigluSoftmaxMatchReference) {
   std::mt19937 rng(23);

@@ -53,6 +53,23 @@ def start_replica(port, prefix):
     return p
 
 
+def wait_both_up(base, deadline_s=60):
+    """Creates (idle) sessions through the proxy until one lands on each replica: only then does
+    HAProxy's round robin include both. Idle sessions cost nothing here."""
+    seen, deadline = set(), time.time() + deadline_s
+    while time.time() < deadline:
+        try:
+            status, body = call(base + "/tandem/v1/sessions", {})
+        except ValueError:  # HAProxy's own 503 page is not JSON
+            status, body = 503, {}
+        if status == 201:
+            seen.add(body["session"][:3])
+            if seen == {"r1-", "r2-"}:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"HAProxy did not route to both replicas within {deadline_s} s: {seen}")
+
+
 def main():
     if not shutil.which("haproxy"):
         print("skipped: haproxy is not installed (scripts/setup.sh installs it)")
@@ -73,6 +90,7 @@ def main():
 
     try:
         wait_ok(base + "/health")
+        wait_both_up(base)
         prompt = [1, 450, 996, 1354, 1701, 299]
         sessions = []
         for _ in range(8):
@@ -103,7 +121,7 @@ def main():
         r1.terminate()
         r1.wait(timeout=30)
         r1 = start_replica(p1, "r1-")
-        time.sleep(2.5)  # let HAProxy's health check see it again
+        wait_both_up(base)  # HAProxy's health check must see it again (1 s apart, slower under load)
         lost = [s for s in sessions if s.startswith("r1-")]
         for s in lost:
             status, body = call(f"{base}/tandem/v1/sessions/{s}/step",
