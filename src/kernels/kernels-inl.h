@@ -761,9 +761,8 @@ void SwigluT(const float* gate, const float* up, float* out, int64_t n) {
   if (i < n) ref::swiglu(gate + i, up + i, out + i, n - i);
 }
 
-// In-place softmax: vector max, exp and sum (f32 lanes; the reference sums in f64).
-void SoftmaxT(float* x, int64_t n) {
-  if (n <= 0) return;
+// max_i x[i] (n >= 1).
+float RowMax(const float* x, int64_t n) {
   const hn::ScalableTag<float> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   auto vmax = hn::Set(df, -INFINITY);
@@ -771,9 +770,18 @@ void SoftmaxT(float* x, int64_t n) {
   for (; i + N <= n; i += N) vmax = hn::Max(vmax, hn::LoadU(df, x + i));
   float max = hn::GetLane(hn::MaxOfLanes(df, vmax));
   for (; i < n; ++i) max = std::fmax(max, x[i]);
+  return max;
+}
+
+// In-place softmax: vector max, exp and sum (f32 lanes; the reference sums in f64).
+void SoftmaxT(float* x, int64_t n) {
+  if (n <= 0) return;
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const float max = RowMax(x, n);
   const auto vm = hn::Set(df, max);
   auto vsum = hn::Zero(df);
-  i = 0;
+  int64_t i = 0;
   for (; i + N <= n; i += N) {
     const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + i), vm));
     hn::StoreU(e, df, x + i);
@@ -793,19 +801,14 @@ void SoftmaxT(float* x, int64_t n) {
 // Max, log Z and entropy of softmax(x): two reads, exp in f32 lanes; each lane's sums are
 // folded into doubles every 4096 elements so a 262k-entry row keeps ~1e-7 relative error.
 LogitStats LogitStatsT(const float* x, int64_t n) {
-  LogitStats st;
-  if (n <= 0) return st;
+  if (n <= 0) return {};
   const hn::ScalableTag<float> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  auto vmax = hn::Set(df, -INFINITY);
-  int64_t i = 0;
-  for (; i + N <= n; i += N) vmax = hn::Max(vmax, hn::LoadU(df, x + i));
-  float max = hn::GetLane(hn::MaxOfLanes(df, vmax));
-  for (; i < n; ++i) max = std::fmax(max, x[i]);
+  const float max = RowMax(x, n);
   const auto vm = hn::Set(df, max);
   const auto vlowest = hn::Set(df, std::numeric_limits<float>::lowest());
-  double z = 0, weighted = 0;
-  i = 0;
+  ref::ExpMoments sums;
+  int64_t i = 0;
   constexpr int64_t kFold = 4096;
   while (i + N <= n) {
     auto vz = hn::Zero(df), vw = hn::Zero(df);
@@ -817,20 +820,11 @@ LogitStats LogitStatsT(const float* x, int64_t n) {
       vz = hn::Add(vz, e);
       vw = hn::MulAdd(e, d, vw);
     }
-    z += hn::GetLane(hn::SumOfLanes(df, vz));
-    weighted += hn::GetLane(hn::SumOfLanes(df, vw));
+    sums.z += hn::GetLane(hn::SumOfLanes(df, vz));
+    sums.weighted += hn::GetLane(hn::SumOfLanes(df, vw));
   }
-  for (; i < n; ++i) {
-    const double d =
-        std::max(static_cast<double>(x[i]) - max, double{std::numeric_limits<float>::lowest()});
-    const double e = std::exp(d);
-    z += e;
-    weighted += e * d;
-  }
-  st.max = max;
-  st.log_z = max + std::log(z);
-  st.entropy = std::log(z) - weighted / z;
-  return st;
+  sums.add(x + i, n - i, max);
+  return sums.stats(max);
 }
 
 void AxpyT(float alpha, const float* x, float* y, int64_t n) {

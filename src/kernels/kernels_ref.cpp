@@ -566,25 +566,31 @@ void geglu(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
-LogitStats logit_stats(const float* x, int64_t n) {
-  LogitStats st;
-  if (n <= 0) return st;
-  float max = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) max = std::fmax(max, x[i]);
-  // entropy = log Z - E[x - max] with Z = sum exp(x - max).
-  double z = 0, weighted = 0;
+void ExpMoments::add(const float* x, int64_t n, float max) {
   for (int64_t i = 0; i < n; ++i) {
-    // A -inf logit (a masked token) adds 0 to both sums, not 0 * -inf.
     const double d =
         std::max(static_cast<double>(x[i]) - max, double{std::numeric_limits<float>::lowest()});
     const double e = std::exp(d);
     z += e;
     weighted += e * d;
   }
+}
+
+LogitStats ExpMoments::stats(float max) const {
+  LogitStats st;
   st.max = max;
   st.log_z = max + std::log(z);
   st.entropy = std::log(z) - weighted / z;
   return st;
+}
+
+LogitStats logit_stats(const float* x, int64_t n) {
+  if (n <= 0) return {};
+  float max = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) max = std::fmax(max, x[i]);
+  ExpMoments sums;
+  sums.add(x, n, max);
+  return sums.stats(max);
 }
 
 void softmax(float* x, int64_t n) {

@@ -39,6 +39,13 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n);
 void geglu(const float* gate, const float* up, float* out, int64_t n);
 void softmax(float* x, int64_t n);
 LogitStats logit_stats(const float* x, int64_t n);
+// Running sums over a logits row for logit_stats: z = sum exp(d), weighted = sum exp(d) * d with
+// d = x - max (a -inf logit, a masked token, adds 0 to both).
+struct ExpMoments {
+  double z = 0, weighted = 0;
+  void add(const float* x, int64_t n, float max);
+  LogitStats stats(float max) const;  // entropy = log z - weighted / z
+};
 float dot_f32(const float* a, const float* b, int64_t n);
 void axpy(float a, const float* x, float* y, int64_t n);
 void attention_scores(const float* queries, int64_t n_q, const float* keys, size_t key_stride,
