@@ -82,13 +82,15 @@ struct CloudCounters {
   int replays = 0;  // sessions re-created with the whole history replayed in one append
   int resends = 0;  // 409 answers resent from the server's position
   int steps = 0;    // successful steps
+  int rewinds = 0;  // sessions cut back to a shared prefix (native "rewind") instead of replayed
   uint64_t replayed_tokens = 0;
 };
 
 // One cloud conversation. step() takes the edge's whole history (which normally extends what it
 // sent before: only the new tail crosses the network) and makes the cloud's history equal to it
-// before doing `op`; the backend resends after a position mismatch and replays into a new session
-// when the old one is lost or the histories diverged. Not thread-safe, except abort().
+// before doing `op`; the backend resends after a position mismatch, cuts the session back to the
+// shared prefix when the histories diverged (where the server can), and replays into a new
+// session when the old one is lost. Not thread-safe, except abort().
 class CloudBackend {
  public:
   virtual ~CloudBackend() = default;

@@ -115,16 +115,27 @@ class NativeBackend : public CloudBackend {
       if (opened_before_ && !fresh_conversation_) count_replay(history.size());
       fresh_conversation_ = false;
     } else if (!extends(history, mirror_)) {
-      // The edge's history left what the cloud holds (e.g. a new chat turn re-tokenized):
-      // the protocol has no truncate, so replay into a new session.
-      close();
-      open_session();
-      count_replay(history.size());
+      // The edge's history left what the cloud holds (another prompt, a chat turn
+      // re-tokenized): cut the session back to the shared prefix where the server can
+      // ("rewind"), else replay into a new session.
+      if (can_rewind_) {
+        const size_t common = static_cast<size_t>(
+            std::mismatch(mirror_.begin(), mirror_.end(), history.begin(), history.end()).first -
+            mirror_.begin());
+        mirror_.resize(common);
+        rewind_pending_ = true;
+        ++counters_.rewinds;
+      } else {
+        close();
+        open_session();
+        count_replay(history.size());
+      }
     }
     for (int attempt = 0; attempt < 4; ++attempt) {
       const size_t from = mirror_.size();
       json body;
       body["expected_pos"] = from;
+      if (rewind_pending_) body["rewind_to"] = from;
       body["append"] = std::vector<TokenId>(history.begin() + from, history.end());
       if (op.kind == CloudOpKind::Generate) {
         json g;
@@ -148,6 +159,7 @@ class NativeBackend : public CloudBackend {
         throw;
       }
       if (r.status == 200) {
+        rewind_pending_ = false;
         CloudStepResult out;
         try {
           out = parse_step(r, what, op);
@@ -214,7 +226,11 @@ class NativeBackend : public CloudBackend {
 
   void abort() noexcept override { http_.abort(); }
 
+  // The next history need not extend this one. A server that can rewind keeps the session
+  // (the next step cuts it back to the shared prefix: a few-shot prompt is not prefilled again);
+  // otherwise the session is closed and the next step opens a fresh one (not a replay).
   void new_conversation() noexcept override {
+    if (can_rewind_ && !session_.empty()) return;
     close();
     fresh_conversation_ = true;
   }
@@ -240,6 +256,7 @@ class NativeBackend : public CloudBackend {
   void drop_session() {
     session_.clear();
     mirror_.clear();
+    rewind_pending_ = false;
   }
 
   net::HttpResponse send(const char* method, const std::string& target, const std::string& body) {
@@ -275,8 +292,7 @@ class NativeBackend : public CloudBackend {
   }
 
   void open_session() {
-    session_.clear();
-    mirror_.clear();
+    drop_session();
     const net::HttpResponse r = send("POST", kSessions, R"({"protocol":1})");
     const std::string what = "creating a cloud session at " + http_.url().origin();
     if (r.status != 201 && r.status != 200) throw status_error(r, parse_error_body(r), what);
@@ -297,6 +313,10 @@ class NativeBackend : public CloudBackend {
         info.max_step_tokens = l.value("max_step_tokens", 0);
         info.max_generate = l.value("max_generate", 0);
         info.max_draft = l.value("max_draft", 0);
+      }
+      can_rewind_ = false;
+      if (j.contains("features") && j["features"].is_array()) {
+        for (const json& f : j["features"]) can_rewind_ |= f.is_string() && f == "rewind";
       }
       session_ = j.at("session").get<std::string>();
     } catch (const json::exception& e) {
@@ -374,6 +394,8 @@ class NativeBackend : public CloudBackend {
   CloudCounters counters_;
   bool opened_before_ = false;
   bool fresh_conversation_ = false;  // new_conversation() was called: the next open is no replay
+  bool can_rewind_ = false;          // the server lists "rewind" (a step's rewind_to)
+  bool rewind_pending_ = false;      // the next step cuts the session to mirror_.size() first
 };
 
 }  // namespace

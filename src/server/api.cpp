@@ -247,6 +247,7 @@ enum class StepKind { Sync, Generate, Verify };
 
 struct StepRequest {
   int expected_pos = 0;
+  int rewind_to = -1;  // cut the history to this length first (-1: no cut)
   std::vector<TokenId> append;
   StepKind kind = StepKind::Sync;
   int n = 0;
@@ -256,17 +257,26 @@ struct StepRequest {
 };
 
 StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& o) {
-  static const char* known[] = {"expected_pos", "append", "generate", "verify", "top_n"};
+  static const char* known[] = {"expected_pos", "rewind_to", "append",
+                                "generate",     "verify",    "top_n"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find_if(std::begin(known), std::end(known),
                      [&](const char* k) { return it.key() == k; }) == std::end(known)) {
       throw bad(it.key(),
-                "is not a field of a step (expected_pos, append, generate, verify, top_n)");
+                "is not a field of a step (expected_pos, rewind_to, append, generate, verify, "
+                "top_n)");
     }
   }
   StepRequest r;
   if (!field(j, "expected_pos")) throw bad("expected_pos", "is required");
   r.expected_pos = static_cast<int>(get_int(j, "expected_pos", 0, 0, n_ctx));
+  if (field(j, "rewind_to")) {
+    r.rewind_to = static_cast<int>(get_int(j, "rewind_to", 0, 0, n_ctx));
+    if (r.expected_pos != r.rewind_to) {
+      throw bad("expected_pos", "must equal rewind_to (" + std::to_string(r.rewind_to) +
+                                    "): it counts the history after the cut");
+    }
+  }
   if (const json* a = field(j, "append")) r.append = get_ids(*a, "append", n_vocab, n_ctx);
   r.top_n = static_cast<int>(get_int(j, "top_n", 0, 0, o.max_top_n));
   const json* g = field(j, "generate");
@@ -982,6 +992,8 @@ struct Api::Impl {
   std::string vocab_hash;  // the tokenizer fingerprint as the protocol writes it, made once
   json model_json;
   json limits_json;
+  // Additions to protocol 1 a client may use when listed ("rewind": a step's rewind_to).
+  const json features_json = json::array({"rewind"});
 
   Impl(Scheduler& s, Metrics& m, const ApiOptions& o)
       : sched(s),
@@ -1016,7 +1028,11 @@ struct Api::Impl {
   }
 
   void info(Responder& res) {
-    send_json(res, 200, {{"protocol", 1}, {"model", model_json}, {"limits", limits_json}});
+    send_json(res, 200,
+              {{"protocol", 1},
+               {"features", features_json},
+               {"model", model_json},
+               {"limits", limits_json}});
   }
 
   void create(const HttpRequest& req, Responder& res) {
@@ -1036,6 +1052,7 @@ struct Api::Impl {
               {{"session", *id},
                {"pos", 0},
                {"protocol", 1},
+               {"features", features_json},
                {"model", model_json},
                {"limits", limits_json}});
   }
@@ -1050,8 +1067,8 @@ struct Api::Impl {
                                                     : 0;
     int pos = 0, kv_len = 0;
     std::vector<TokenId> uncached;
-    const StepCheck check =
-        sched.begin_step(id, sr.expected_pos, sr.append, extra, &pos, &kv_len, &uncached);
+    const StepCheck check = sched.begin_step(id, sr.expected_pos, sr.rewind_to, sr.append, extra,
+                                             &pos, &kv_len, &uncached);
     switch (check) {
       case StepCheck::Ok:
         break;
@@ -1065,8 +1082,9 @@ struct Api::Impl {
                        {{"pos", pos}});
       case StepCheck::PositionMismatch:
         throw ApiError(409, "position_mismatch",
-                       "expected_pos is " + std::to_string(sr.expected_pos) +
-                           " but the session's history has " + std::to_string(pos) + " tokens",
+                       std::string(sr.rewind_to >= 0 ? "rewind_to" : "expected_pos") + " is " +
+                           std::to_string(sr.expected_pos) + " but the session's history has " +
+                           std::to_string(pos) + " tokens",
                        {{"pos", pos}});
       case StepCheck::TooLong:
         throw ApiError(413, "too_large",

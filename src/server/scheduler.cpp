@@ -140,7 +140,7 @@ size_t Scheduler::open_sessions() const {
   return sessions_.size();
 }
 
-StepCheck Scheduler::begin_step(const std::string& id, int expected_pos,
+StepCheck Scheduler::begin_step(const std::string& id, int expected_pos, int rewind_to,
                                 std::span<const TokenId> append, int extra_tokens, int* pos,
                                 int* kv_len, std::vector<TokenId>* uncached) {
   std::lock_guard lk(mu_);
@@ -150,6 +150,14 @@ StepCheck Scheduler::begin_step(const std::string& id, int expected_pos,
   Session& s = it->second;
   *pos = static_cast<int>(s.history.size());
   if (s.busy) return StepCheck::Busy;
+  if (rewind_to > *pos) return StepCheck::PositionMismatch;
+  if (rewind_to >= 0 && rewind_to < *pos) {
+    // The cache keeps the history but its last token (every step needs a logits row); the
+    // slot itself is cut to kv_len when the step's job is admitted.
+    s.history.resize(rewind_to);
+    s.kv_len = std::min(s.kv_len, std::max(rewind_to - 1, 0));
+    *pos = rewind_to;
+  }
   if (expected_pos != *pos) return StepCheck::PositionMismatch;
   const size_t total = s.history.size() + append.size() + static_cast<size_t>(extra_tokens);
   if (total > static_cast<size_t>(options_.n_ctx)) return StepCheck::TooLong;

@@ -124,11 +124,14 @@ class Scheduler {
   std::vector<SessionInfo> list_sessions() const;
   size_t open_sessions() const;
 
-  // Starts a step: checks the position, appends `append` to the history and marks the session
-  // busy. On Ok, `history_len` is the new length and `kv_len` how much of it is cached; the
-  // caller then submits a job for the session (which must call finish_step through its hooks).
-  StepCheck begin_step(const std::string& id, int expected_pos, std::span<const TokenId> append,
-                       int extra_tokens, int* pos, int* kv_len, std::vector<TokenId>* uncached);
+  // Starts a step: cuts the history to `rewind_to` tokens when that is >= 0 (more than the
+  // history holds is a PositionMismatch), checks the position, appends `append` to the history
+  // and marks the session busy. On Ok, `pos` is the new length and `kv_len` how much of it is
+  // cached; the caller then submits a job for the session (which must call finish_step through
+  // its hooks).
+  StepCheck begin_step(const std::string& id, int expected_pos, int rewind_to,
+                       std::span<const TokenId> append, int extra_tokens, int* pos, int* kv_len,
+                       std::vector<TokenId>* uncached);
   // Undoes begin_step when its job could not be queued: the history goes back to `length`.
   void abort_step(const std::string& id, int length);
   // Engine thread, from a session job's hooks: the history grew by `produced` tokens (generated

@@ -476,13 +476,17 @@ TEST_F(EdgeCloudTest, RouteSpanAndCloudModeEqualCloudGreedy) {
   EXPECT_EQ(b.stats.cloud_tokens, kN);
 }
 
-// The history length of the server's one open session (0 when there is none), from the admin list.
-size_t cloud_session_pos(const std::string& url) {
+// The server's open sessions (admin list): [{"session", "pos", ...}].
+nlohmann::json cloud_sessions(const std::string& url) {
   net::HttpClient http(net::parse_url(url), {.insecure = true});
   const auto res = http.request("GET", "/tandem/v1/sessions", "", 2000ms);
-  const auto j = nlohmann::json::parse(res.body);
+  return nlohmann::json::parse(res.body).at("sessions");
+}
+
+// The longest history among the server's open sessions (0 when there is none).
+size_t cloud_session_pos(const std::string& url) {
   size_t pos = 0;
-  for (const auto& s : j.at("sessions")) pos = std::max(pos, s.at("pos").get<size_t>());
+  for (const auto& s : cloud_sessions(url)) pos = std::max(pos, s.at("pos").get<size_t>());
   return pos;
 }
 
@@ -580,14 +584,23 @@ TEST_F(EdgeCloudTest, MultiTurnKeepsTheCloudSession) {
   EXPECT_EQ(second.stats.tokens, 16);
   EXPECT_EQ(second.stats.replays, 0);
   EXPECT_GT(second.stats.route_events, 0);
-  // Another conversation gets a fresh session (the protocol cannot cut one back); that is not
-  // a replay.
+  // Another conversation sharing the prompt cuts the same session back to the shared prefix
+  // (rewind_to): no replay, no second session, and the answer is the cloud's own.
   std::vector<TokenId> other = prompt_;
   other.push_back(more[0]);
   const EdgeResult third = edge.generate(other, 8);
   EXPECT_EQ(third.stats.tokens, 8);
   EXPECT_EQ(third.stats.replays, 0);
   EXPECT_EQ(third.stats.fallbacks, 0);
+  EXPECT_EQ(cloud_sessions(serve.url()).size(), 1u);
+  EdgeDecoder cloud(*edge_model_, edge_options(EdgeMode::Cloud), backend(serve.url()));
+  cloud.start();
+  cloud.generate(prompt_, 4);
+  const EdgeResult rewound = cloud.generate(other, 8);
+  EdgeDecoder fresh(*edge_model_, edge_options(EdgeMode::Cloud), backend(serve.url()));
+  fresh.start();
+  EXPECT_EQ(rewound.ids, fresh.generate(other, 8).ids);
+  EXPECT_EQ(rewound.stats.replays, 0);
 }
 
 TEST_F(EdgeCloudTest, CloudDownAtStartStillAnswers) {

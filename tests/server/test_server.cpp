@@ -177,6 +177,63 @@ TEST(Server, WrongPositionGets409WithTheServersPosition) {
   EXPECT_EQ(c.post(step_path(s), {{"expected_pos", 3}, {"generate", {{"n", 1}}}}).status, 200);
 }
 
+// rewind_to cuts a session back to a shared prefix: what follows equals a fresh session's
+// output, only the new tail is prefilled, and a cut past the history is a 409 with the position.
+TEST(Server, RewindCutsTheHistoryToASharedPrefix) {
+  const std::string path = model_path();
+  const auto shared = prompt_ids(path, "Question: what is the colour of the sky? Answer:");
+  auto with_tail = [&](const std::vector<TokenId>& tail) {
+    std::vector<TokenId> p(shared);
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  const auto tail_a = prompt_ids(path, " blue and the sea is");
+  const auto tail_b = prompt_ids(path, " grey when it rains, and");
+  const auto prompt_b = with_tail({tail_b.begin() + 1, tail_b.end()});  // without its BOS
+  const auto want_b = local_greedy(path, prompt_b, 8);
+  ServerProcess server(path);
+  TestClient c = server.client();
+  const HttpResult created = c.post("/tandem/v1/sessions", json::object());
+  ASSERT_EQ(created.status, 201);
+  const json features = created.j()["features"];
+  EXPECT_NE(std::find(features.begin(), features.end(), "rewind"), features.end());
+  const std::string s = created.j()["session"];
+  HttpResult r = c.post(step_path(s), {{"expected_pos", 0},
+                                       {"append", with_tail({tail_a.begin() + 1, tail_a.end()})},
+                                       {"generate", {{"n", 6}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const int pos_a = r.j()["pos"];
+
+  // Past the history: 409 naming rewind_to, with the server's position.
+  r = c.post(step_path(s), {{"rewind_to", pos_a + 1}, {"expected_pos", pos_a + 1}});
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(r.j()["error"]["pos"], pos_a);
+  EXPECT_NE(r.j()["error"]["message"].get<std::string>().find("rewind_to"), std::string::npos);
+  // expected_pos must count the history after the cut.
+  r = c.post(step_path(s), {{"rewind_to", 3}, {"expected_pos", pos_a}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.j()["error"]["field"], "expected_pos");
+
+  const int common = static_cast<int>(shared.size());
+  r = c.post(step_path(s),
+             {{"rewind_to", common},
+              {"expected_pos", common},
+              {"append", std::vector<TokenId>(prompt_b.begin() + common, prompt_b.end())},
+              {"generate", {{"n", 8}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(ids_of(r.j()), want_b);
+  EXPECT_EQ(r.j()["pos"], prompt_b.size() + want_b.size());
+  // The shared prefix stayed cached but its last token (fed again for a logits row).
+  EXPECT_EQ(r.j()["prefilled"], prompt_b.size() - common + 1);
+
+  // Down to nothing: the session starts over.
+  r = c.post(
+      step_path(s),
+      {{"rewind_to", 0}, {"expected_pos", 0}, {"append", prompt_b}, {"generate", {{"n", 8}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(ids_of(r.j()), want_b);
+}
+
 TEST(Server, LostSessionsGet410NamingWhy) {
   ServerProcess server(model_path(), {"--max-sessions", "2", "--idle-timeout", "1"});
   TestClient c = server.client();
