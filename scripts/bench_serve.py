@@ -6,7 +6,9 @@
 
 1. Throughput: N concurrent sessions each append a 32-token prompt, then ask for 16 tokens per
    step until the time is up; generated tokens per second over all sessions (median of --reps
-   runs, with min..max), and the ratio to one session.
+   runs, with min..max), and the ratio to one session; also generated tokens per CPU second of
+   the server process (its own work, robust to other load on a shared machine; at one session
+   it leaves out the time the server waits for the client, so that ratio is the stricter one).
 2. Step latency: one session, each step appends 1 token and generates 1 (what a route event
    costs), next to one bare engine decode step (`tandem bench -p 0 -n 128` on the same cores).
 3. Bytes per step against context length: the request and answer bytes of such a step at
@@ -84,7 +86,17 @@ def new_session(conn):
     return body["session"]
 
 
-def throughput(port, n_sessions, seconds):
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far (Linux /proc), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(port, n_sessions, seconds, pid=None):
+    """Generated tokens per wall-clock second, and per CPU second of the server (pid) over the
+    same interval: on a shared machine the second is what the server's own work costs, whatever
+    else ran on its core."""
     prompt = [2] + [(i * 7919) % 200000 + 1000 for i in range(31)]
     counts = [0] * n_sessions
     start = threading.Barrier(n_sessions + 1)
@@ -118,12 +130,15 @@ def throughput(port, n_sessions, seconds):
     stop_at[0] = time.time() + 1e9
     start.wait()
     t0 = time.time()
+    cpu0 = cpu_seconds(pid) if pid else 0.0
     stop_at[0] = t0 + seconds
     for t in threads:
         t.join()
+    cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
     if errors:
         sys.exit(f"errors: {errors[:3]}")
-    return sum(counts) / (time.time() - t0 if time.time() - t0 < seconds * 1.5 else seconds)
+    wall = sum(counts) / (time.time() - t0 if time.time() - t0 < seconds * 1.5 else seconds)
+    return wall, (sum(counts) / cpu if cpu > 0 else 0.0)
 
 
 def step_latency(port, n_steps=100):
@@ -192,13 +207,20 @@ def main():
     try:
         tp = {}
         for n in [int(x) for x in args.sessions.split(",")]:
-            runs = sorted(throughput(port, n, args.seconds) for _ in range(args.reps))
-            tp[n] = {"median": statistics.median(runs), "min": runs[0], "max": runs[-1]}
+            pairs = [throughput(port, n, args.seconds, proc.pid) for _ in range(args.reps)]
+            runs = sorted(p[0] for p in pairs)
+            per_cpu = sorted(p[1] for p in pairs)
+            tp[n] = {"median": statistics.median(runs), "min": runs[0], "max": runs[-1],
+                     "per_cpu_s": statistics.median(per_cpu), "per_cpu_s_min": per_cpu[0],
+                     "per_cpu_s_max": per_cpu[-1]}
             print(f"throughput {n:3d} sessions: {tp[n]['median']:8.1f} tok/s "
-                  f"({runs[0]:.1f}..{runs[-1]:.1f})", file=sys.stderr)
+                  f"({runs[0]:.1f}..{runs[-1]:.1f}); {tp[n]['per_cpu_s']:8.1f} tok per server "
+                  f"CPU-s ({per_cpu[0]:.1f}..{per_cpu[-1]:.1f})", file=sys.stderr)
         base = tp[min(tp)]["median"]
+        base_cpu = tp[min(tp)]["per_cpu_s"]
         for n in tp:
             tp[n]["ratio"] = tp[n]["median"] / base
+            tp[n]["ratio_per_cpu_s"] = tp[n]["per_cpu_s"] / base_cpu if base_cpu else 0.0
         result["throughput"] = tp
         p50, p95 = step_latency(port)
         result["step_ms"] = {"p50": p50, "p95": p95}
