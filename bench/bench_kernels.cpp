@@ -235,6 +235,9 @@ BENCHMARK(BM_Matmul)
     ->Args({T(TensorType::Q5_0), 640, 2048, 512})
     ->Args({T(TensorType::Q8_0), 640, 2048, 512})
     ->Args({T(TensorType::F16), 640, 2048, 64})
+    // A 32-session server batch: 32 decode rows through a layer matrix and the Gemma 3 LM head.
+    ->Args({T(TensorType::Q5_0), 640, 2048, 32})
+    ->Args({T(TensorType::Q8_0), 640, 262144, 32})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(QuantizeActivation)
     ->Args({T(TensorType::Q8_0), 2048})

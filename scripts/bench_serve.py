@@ -93,6 +93,16 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def metric(port, name):
+    """One unlabelled sample from the server's /metrics (Prometheus text)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("GET", "/metrics")
+    for line in c.getresponse().read().decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def throughput(port, n_sessions, seconds, pid=None):
     """Generated tokens per wall-clock second, and per CPU second of the server (pid) over the
     same interval: on a shared machine the second is what the server's own work costs, whatever
@@ -131,10 +141,15 @@ def throughput(port, n_sessions, seconds, pid=None):
     start.wait()
     t0 = time.time()
     cpu0 = cpu_seconds(pid) if pid else 0.0
+    batches0 = metric(port, "tandem_batch_tokens_count")
     stop_at[0] = t0 + seconds
     for t in threads:
         t.join()
     cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
+    batches = metric(port, "tandem_batch_tokens_count") - batches0
+    if batches:
+        print(f"  {n_sessions} sessions: {batches:.0f} batches, {1000 * cpu / batches:.1f} ms of "
+              f"server CPU per batch", file=sys.stderr)
     if errors:
         sys.exit(f"errors: {errors[:3]}")
     wall = sum(counts) / (time.time() - t0 if time.time() - t0 < seconds * 1.5 else seconds)
