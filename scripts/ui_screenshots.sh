@@ -15,7 +15,7 @@ trap 'rm -rf "$TMP"' EXIT
 "$ROOT/tests/server/run_python.sh" "$ROOT/tests/ui/test_ui_browser.py" "$BUILD/tandem" \
   "${PAIR[1]}" "${PAIR[0]}" "$TMP" --docs
 mkdir -p "$OUT"
-for f in "$TMP"/docs-*.png "$TMP"/route-target-60.png "$TMP"/cloud-down.png; do
+for f in "$TMP"/docs-*.png "$TMP"/cloud-down.png; do
   cp "$f" "$OUT/$(basename "$f" | sed 's/^docs-//')"
 done
 echo "screenshots in $OUT" >&2

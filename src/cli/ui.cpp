@@ -29,6 +29,7 @@ class UiCommand : public Command {
             "A browser view of routing: a page on 127.0.0.1 that streams each answer token "
             "by token, cloud tokens marked, with router scores and live stats")) {
     edge_.add_to(*sub_);
+    http_.port = 8090;  // next to tandem serve's 8080, so both run with their defaults
     sub_->add_option("--host", http_.host,
                      "Address to bind (loopback by default: the page has no authentication)")
         ->capture_default_str();
@@ -36,7 +37,7 @@ class UiCommand : public Command {
         ->check(CLI::Range(0, 65535))
         ->capture_default_str();
     sub_->add_option("--max-predict", limits_.max_predict, "Tokens one answer may ask for at most")
-        ->check(CLI::Range(1, 1 << 16))
+        ->check(CLI::Range(1, 8192))
         ->capture_default_str();
   }
 

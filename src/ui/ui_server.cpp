@@ -368,7 +368,7 @@ void UiServer::worker_loop() {
       // Decoder errors (a prompt over the context, a refused cloud) end the turn, not the UI.
       decoder_.reset();
       decoder_key_.clear();
-      publish(*turn, {{"type", "error"}, {"message", e.what()}});
+      publish(*turn, {{"type", "error"}, {"turn", turn->id}, {"message", e.what()}});
     }
     lock.lock();
     busy_ = false;

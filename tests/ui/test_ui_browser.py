@@ -88,7 +88,8 @@ def main():
     try:
         wait_http(f"http://127.0.0.1:{cloud_port}/health", 60)
         ui = start(["ui", "-m", EDGE, "--cloud", f"http://127.0.0.1:{cloud_port}",
-                    "--port", str(ui_port), "-t", "1", "--cloud-timeout", "2", "-n", N_PREDICT],
+                    "--port", str(ui_port), "-t", "1", "--cloud-timeout", "2", "-n", N_PREDICT,
+                    "--temp", "0"],
                    "ui.log")
         page = f"http://127.0.0.1:{ui_port}/"
         wait_http(page + "api/info", 60)
@@ -187,6 +188,8 @@ def run(driver, wait, page, cloud):
     check(tip.is_displayed() and "router score" in tip.text and "the small model would have said" in tip.text,
           f"focusing a cloud token shows its score and the small model's token: {tip.text!r}")
     shot(driver, "route-target-60")
+    if DOCS:
+        docs_shots(driver)
     driver.execute_script("document.activeElement.blur()")
 
     # Target share 0: the share falls.
@@ -214,9 +217,6 @@ def run(driver, wait, page, cloud):
     check(len(driver.find_elements(By.CSS_SELECTOR, "#turns .tok.cloud")) >= cloud_tokens,
           "after a reload the kept turns are drawn again")
 
-    if DOCS:
-        docs_shots(driver, wait, 2)
-
     # The cloud goes away: the answer still comes, locally, and the page says so.
     cloud.kill()
     cloud.wait(timeout=10)
@@ -230,21 +230,29 @@ def run(driver, wait, page, cloud):
     notice = by_id(driver, "notice")
     check(local > 0 and cloud_tokens == 0, f"with the cloud gone every token is local ({local})")
     check(fallbacks > 0, f"fallbacks counted: {fallbacks}")
+    rings = len(by_id(driver, "chart").find_elements(By.CSS_SELECTOR, "circle.fallback"))
+    check(rings == fallbacks, f"the chart rings every fallback ({rings})")
     check(notice.is_displayed() and "Cloud unavailable" in notice.text,
           f"the notice says so: {notice.text!r}")
+    driver.execute_script("window.scrollTo(0, 0)")  # the notice and the stats are at the top
     shot(driver, "cloud-down")
     print(f"{checks} checks passed in {time.time() - T0:.1f} s")
 
 
-def docs_shots(driver, wait, turns):
-    """Light and dark, wide and narrow, for docs/ui.md (the same page state)."""
+def docs_shots(driver):
+    """Light and dark, wide and narrow, for docs/ui.md: the first answer, a cloud token's tip
+    shown in the wide ones."""
+    cloud_token = driver.find_element(By.CSS_SELECTOR, "#turns .tok.cloud")
     for scheme in ("light", "dark"):
         driver.execute_cdp_cmd("Emulation.setEmulatedMedia",
                                {"features": [{"name": "prefers-color-scheme", "value": scheme}]})
-        for name, size in (("wide", (1280, 900)), ("narrow", (390, 1400))):
+        for name, size in (("wide", (1280, 900)), ("narrow", (390, 1600))):
             driver.set_window_size(*size)
+            driver.execute_script("document.activeElement.blur();"
+                                  "window.dispatchEvent(new Event('resize')); window.scrollTo(0, 0);")
+            if name == "wide":
+                driver.execute_script("arguments[0].focus()", cloud_token)
             time.sleep(0.3)
-            driver.execute_script("window.dispatchEvent(new Event('resize'))")
             shot(driver, f"docs-{scheme}-{name}")
     driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
     driver.set_window_size(1280, 900)

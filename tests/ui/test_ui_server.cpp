@@ -337,6 +337,26 @@ TEST_F(UiServerTest, SecondTurnWhileOneRunsIs409AndStopEndsTheFirst) {
   EXPECT_EQ(third->events().back().second["stats"]["tokens"], 2);
 }
 
+TEST_F(UiServerTest, PromptOverTheContextEndsTheTurnWithAnError) {
+  auto ui = make_server();
+  std::string words;
+  for (int i = 0; i < 600; ++i) words += "word ";  // over the test's n_ctx of 256
+  auto r = call(*ui, "POST", "/api/generate", json{{"prompt", words}}.dump());
+  ASSERT_TRUE(r->wait_finished());
+  const auto events = r->events();
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().first, "error");
+  EXPECT_EQ(events.back().second["turn"], 1);
+  EXPECT_NE(events.back().second["message"].get<std::string>().find("context"), std::string::npos);
+  // The UI goes on.
+  for (int i = 0; i < 200 && call(*ui, "GET", "/api/info")->body_json()["busy"] == true; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  auto next = call(*ui, "POST", "/api/generate", R"({"prompt": "Hello", "n_predict": 3})");
+  ASSERT_TRUE(next->wait_finished());
+  EXPECT_EQ(next->events().back().second["stats"]["tokens"], 3);
+}
+
 TEST_F(UiServerTest, DeadCloudFallsBackAndSaysSo) {
   // Port 1 on loopback: nothing listens, the connection is refused at once.
   auto ui = make_server("http://127.0.0.1:1");

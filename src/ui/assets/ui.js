@@ -305,7 +305,7 @@ function drawChart(view) {
   });
   if (steps.length) svg("polyline", { class: "threshold", points: steps.join(" ") }, box);
   const r = pts.length > 120 ? 1.8 : 3;
-  pts.forEach((t, k) => svg("circle", { class: t.source, cx: x(k), cy: y(t.score), r }, box));
+  pts.forEach((t, k) => svg("circle", { class: `${t.source}${t.fallback ? " fallback" : ""}`, cx: x(k), cy: y(t.score), r }, box));
 }
 window.addEventListener("resize", () => { if (state.current) drawChart(state.current); });
 
