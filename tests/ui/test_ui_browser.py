@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -42,6 +43,7 @@ BUDGET_S = 240 if DOCS else 55
 PROMPT = ("Q: What is the capital of Italy?\nA: Rome\nQ: What is the capital of Spain?\nA: Madrid\n"
           "Q: What is the capital of France?\nA:") if DOCS else "The capital of France is"
 N_PREDICT = "40" if DOCS else "24"
+LONG = "200"  # tokens of the answers that are reloaded or stopped midway
 T0 = time.time()
 checks = 0
 
@@ -72,6 +74,45 @@ def wait_http(url, timeout_s):
     raise RuntimeError(f"{url} did not answer within {timeout_s} s")
 
 
+class SlowLink:
+    """A loopback TCP proxy that holds every chunk from the cloud for `delay_s`: a network round
+    trip, so that an answer from the tiny test models lasts long enough to reload the page or
+    press Escape in the middle of it."""
+
+    def __init__(self, upstream_port, delay_s):
+        self.upstream, self.delay_s = upstream_port, delay_s
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            client, _ = self.listener.accept()
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream), timeout=5)
+            except OSError:
+                client.close()  # the cloud is down: the device sees a dropped connection
+                continue
+            server.settimeout(None)
+            threading.Thread(target=self._pump, args=(client, server, 0), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, self.delay_s), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst, delay_s):
+        try:
+            while data := src.recv(65536):
+                if delay_s:
+                    time.sleep(delay_s)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 def start(args, log_name):
     log = open(os.path.join(OUT, log_name), "wb")
     return subprocess.Popen([TANDEM, *args], stdout=log, stderr=subprocess.STDOUT)
@@ -87,7 +128,9 @@ def main():
     driver = None
     try:
         wait_http(f"http://127.0.0.1:{cloud_port}/health", 60)
-        ui = start(["ui", "-m", EDGE, "--cloud", f"http://127.0.0.1:{cloud_port}",
+        # The docs run shows real latencies; the test's tiny models need the slow link.
+        link_port = cloud_port if DOCS else SlowLink(cloud_port, 0.025).port
+        ui = start(["ui", "-m", EDGE, "--cloud", f"http://127.0.0.1:{link_port}",
                     "--port", str(ui_port), "-t", "1", "--cloud-timeout", "2", "-n", N_PREDICT,
                     "--temp", "0"],
                    "ui.log")
@@ -217,6 +260,41 @@ def run(driver, wait, page, cloud):
     check(len(driver.find_elements(By.CSS_SELECTOR, "#turns .tok.cloud")) >= cloud_tokens,
           "after a reload the kept turns are drawn again")
 
+    # A reload in the middle of an answer: the page finds the running turn, attaches to it again
+    # and ends with every token once.
+    by_id(driver, "prompt").send_keys(PROMPT.replace("\n", Keys.SHIFT + Keys.ENTER + Keys.SHIFT))
+    n = by_id(driver, "n-predict")
+    n.clear()
+    n.send_keys(LONG)
+    turns = len(driver.find_elements(By.CSS_SELECTOR, "#turns .turn"))
+    by_id(driver, "prompt").send_keys(Keys.ENTER)
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, f"#turns .turn:nth-child({turns + 1}) .tok")) >= 3)
+    driver.refresh()
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#turns .turn")) == turns + 1)
+    check(driver.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "running",
+          "after a reload mid-answer the page is following the running turn")
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "idle")
+    tokens_drawn = driver.execute_script("return state.current.tokens.length")
+    done = driver.execute_script("return state.current.done")
+    check(done and done["stats"]["tokens"] == tokens_drawn and
+          len(driver.find_elements(By.CSS_SELECTOR, f"#turns .turn:nth-child({turns + 1}) .tok")) == tokens_drawn,
+          f"the re-attached turn has each of its {tokens_drawn} tokens once")
+
+    # Escape stops an answer in the middle (the server's token callback returns false).
+    n = by_id(driver, "n-predict")  # the reload reset the form
+    n.clear()
+    n.send_keys(LONG)
+    by_id(driver, "prompt").send_keys(PROMPT.replace("\n", Keys.SHIFT + Keys.ENTER + Keys.SHIFT))
+    by_id(driver, "prompt").send_keys(Keys.ENTER)
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, f"#turns .turn:nth-child({turns + 2}) .tok")) >= 3)
+    driver.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "idle")
+    done = driver.execute_script("return state.current.done")
+    check(done["stop"] == "stopped" and done["stats"]["tokens"] < int(LONG),
+          f"Escape stopped the answer at {done['stats']['tokens']} of {LONG} tokens")
+    n.clear()
+    n.send_keys(N_PREDICT)
+
     # The cloud goes away: the answer still comes, locally, and the page says so.
     cloud.kill()
     cloud.wait(timeout=10)
@@ -242,7 +320,11 @@ def run(driver, wait, page, cloud):
 def docs_shots(driver):
     """Light and dark, wide and narrow, for docs/ui.md: the first answer, a cloud token's tip
     shown in the wide ones."""
-    cloud_token = driver.find_element(By.CSS_SELECTOR, "#turns .tok.cloud")
+    # A cloud token where the two models disagree shows best what routing buys.
+    index = driver.execute_script(
+        "const ts = state.current.tokens.filter(t => t.source === 'cloud');"
+        "const t = ts.find(t => t.edge_top1 && t.edge_top1.id !== t.id) || ts[0]; return t.i;")
+    cloud_token = driver.find_element(By.CSS_SELECTOR, f"#turns .turn:last-child .tok[data-i='{index}']")
     for scheme in ("light", "dark"):
         driver.execute_cdp_cmd("Emulation.setEmulatedMedia",
                                {"features": [{"name": "prefers-color-scheme", "value": scheme}]})
