@@ -1,6 +1,7 @@
 #include "ui/ui_server.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -83,7 +84,30 @@ std::optional<size_t> query_number(const std::string& query, const std::string& 
   return 0;
 }
 
+// The host part of "http://host:port" or "host:port", lower-cased.
+std::string host_of(std::string s) {
+  if (const size_t scheme = s.find("://"); scheme != std::string::npos) s.erase(0, scheme + 3);
+  s = s.substr(0, s.find('/'));
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
 }  // namespace
+
+std::string cross_site_refusal(const server::HttpRequest& request) {
+  // A JSON content type makes a browser ask first (CORS preflight), which this server never
+  // allows, so another site's page cannot start or stop answers here.
+  const std::string type = request.header("content-type");
+  if (type.rfind("application/json", 0) != 0) {
+    return "POST needs Content-Type: application/json (got '" + type + "')";
+  }
+  // Browsers name the page that sent a request; it must be this server's own page.
+  const std::string origin = request.header("origin");
+  if (!origin.empty() && host_of(origin) != host_of(request.header("host"))) {
+    return "cross-origin request from " + origin + " refused";
+  }
+  return "";
+}
 
 const EmbeddedAsset* find_asset(std::string_view path) {
   if (path == "/") path = "/index.html";
@@ -204,12 +228,17 @@ UiServer::~UiServer() {
 void UiServer::handle(const HttpRequest& request, std::shared_ptr<Responder> responder) {
   const std::string& path = request.path;
   if (path.rfind("/api/", 0) != 0) {
-    if (request.method != "GET" && request.method != "HEAD") {
+    if (request.method != "GET") {
       return send_error(*responder, 405, "method_not_allowed", "the page is read with GET");
     }
     return serve_asset(request, *responder);
   }
   const bool get = request.method == "GET", post = request.method == "POST";
+  if (post) {
+    if (const std::string refused = cross_site_refusal(request); !refused.empty()) {
+      return send_error(*responder, 403, "forbidden", refused);
+    }
+  }
   if (path == "/api/info" && get) return send_json(*responder, 200, info());
   if (path == "/api/turns" && get) return send_json(*responder, 200, turns_json());
   if (path == "/api/generate" && post) return start_turn(request, responder);

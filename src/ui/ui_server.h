@@ -7,6 +7,7 @@
 //                                     start, token..., done (or error); 400 names a bad field,
 //                                     409 while another turn runs (one at a time per process)
 //   POST /api/stop                   stops the running turn at its next token
+//   (POSTs need Content-Type: application/json and no foreign Origin: 403 otherwise)
 //   GET  /api/turns                  every kept turn with its events (a reloaded page redraws)
 //   GET  /api/turns/ID/events?after=N  the turn's events after the N-th, then live ones
 //
@@ -69,6 +70,10 @@ struct GenerateRequest {
 // Parses and checks a POST /api/generate body. Throws RequestError naming the field.
 GenerateRequest parse_generate_request(std::string_view body, const GenerateRequest& defaults,
                                        const UiLimits& limits);
+
+// Why a POST is refused as possibly sent by another site's page (empty: accepted): it must say
+// Content-Type: application/json, and an Origin, when sent, must be this server's own host.
+std::string cross_site_refusal(const server::HttpRequest& request);
 
 // One server-sent event: "id: ID\nevent: TYPE\ndata: JSON\n\n".
 std::string sse_event(std::string_view type, uint64_t id, const nlohmann::json& data);

@@ -197,6 +197,8 @@ server::HttpRequest request(const std::string& method, const std::string& target
   r.path = target.substr(0, q);
   if (q != std::string::npos) r.query = target.substr(q + 1);
   r.body = body;
+  r.headers["host"] = "127.0.0.1:8090";
+  if (method == "POST") r.headers["content-type"] = "application/json";
   return r;
 }
 
@@ -268,6 +270,26 @@ TEST_F(UiServerTest, BadRequestIs400NamingTheField) {
   EXPECT_EQ(r->body_json()["error"]["message"], "is 7, outside [0, 1]");
   EXPECT_EQ(call(*ui, "GET", "/api/turns/1/events?after=x")->status(), 400);
   EXPECT_EQ(call(*ui, "GET", "/api/turns/99/events")->status(), 404);
+}
+
+TEST_F(UiServerTest, PostsFromOtherSitesAreRefused) {
+  auto ui = make_server();
+  auto post = [&](const std::string& content_type, const std::string& origin) {
+    server::HttpRequest req = request("POST", "/api/stop", "{}");
+    req.headers["content-type"] = content_type;
+    if (!origin.empty()) req.headers["origin"] = origin;
+    auto r = std::make_shared<RecordingResponder>();
+    ui->handle(req, r);
+    return r->status();
+  };
+  EXPECT_EQ(post("application/json", ""), 200);
+  EXPECT_EQ(post("application/json", "http://127.0.0.1:8090"), 200);
+  // A form or a plain fetch from another page (no preflight) and another origin are refused.
+  EXPECT_EQ(post("text/plain", ""), 403);
+  EXPECT_EQ(post("", ""), 403);
+  EXPECT_EQ(post("application/json", "http://evil.example"), 403);
+  EXPECT_EQ(post("application/json", "http://127.0.0.1:9999"), 403);
+  EXPECT_EQ(call(*ui, "HEAD", "/")->status(), 405);
 }
 
 TEST_F(UiServerTest, LocalTurnStreamsTokensThenStats) {

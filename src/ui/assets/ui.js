@@ -398,7 +398,9 @@ async function reconnect(view) {
 
 async function stop() {
   el.stop.disabled = true;
-  try { await fetch("/api/stop", { method: "POST" }); } catch (_) { /* nothing to stop */ }
+  try {
+    await fetch("/api/stop", { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
+  } catch (_) { /* nothing to stop */ }
 }
 
 // ---- start-up: defaults, and every kept turn (a reloaded page shows the conversation again) ----
