@@ -124,10 +124,11 @@ GenerateRequest parse_generate_request(std::string_view body, const GenerateRequ
   if (!j.is_object()) throw RequestError("body", "expected a JSON object");
   static const char* known[] = {"prompt",      "mode",      "policy", "threshold",
                                 "target_rate", "n_predict", "temp",   "continue"};
-  for (const auto& [key, value] : j.items()) {
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) ==
         std::end(known)) {
-      throw RequestError(key,
+      throw RequestError(key.empty() ? "\"\"" : key,  // an empty name still names something
                          "unknown field (known: prompt, mode, policy, threshold, "
                          "target_rate, n_predict, temp, continue)");
     }

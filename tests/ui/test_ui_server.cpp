@@ -51,6 +51,7 @@ TEST(UiRequest, BadInputNamesTheField) {
   EXPECT_EQ(field_of_error(R"({"prompt": "a", "temp": 9})"), "temp");
   EXPECT_EQ(field_of_error(R"({"prompt": "a", "continue": "yes"})"), "continue");
   EXPECT_EQ(field_of_error(R"({"prompt": "a", "treshold": 0.5})"), "treshold");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "": 1})"), "\"\"");  // found by fuzz_ui_request
   EXPECT_EQ(field_of_error(R"({"prompt": "a", "threshold": 0.5})"), "(accepted)");
 }
 
@@ -240,6 +241,13 @@ class UiServerTest : public ::testing::Test {
     return r;
   }
 
+  // The worker clears `busy` just after a turn's last event: wait for it before the next POST.
+  void wait_idle(UiServer& ui) {
+    for (int i = 0; i < 500 && call(ui, "GET", "/api/info")->body_json()["busy"] == true; ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+
   static Model* model_;
 };
 Model* UiServerTest::model_ = nullptr;
@@ -329,6 +337,21 @@ TEST_F(UiServerTest, LocalTurnStreamsTokensThenStats) {
   ASSERT_EQ(turns["turns"].size(), 1u);
   EXPECT_EQ(turns["turns"][0]["events"].size(), events.size());
   EXPECT_EQ(turns["turns"][0]["finished"], true);
+
+  // A continued turn's context is the whole conversation plus the new text (no second BOS);
+  // a fresh one is just its own prompt.
+  const int first_context = events.front().second["context_tokens"];
+  wait_idle(*ui);
+  auto next = call(*ui, "POST", "/api/generate",
+                   R"({"prompt": " and", "mode": "local", "n_predict": 2, "continue": true})");
+  ASSERT_TRUE(next->wait_finished());
+  const int continued = next->events().front().second["context_tokens"];
+  wait_idle(*ui);
+  auto fresh =
+      call(*ui, "POST", "/api/generate", R"({"prompt": " and", "mode": "local", "n_predict": 2})");
+  ASSERT_TRUE(fresh->wait_finished());
+  const int alone = fresh->events().front().second["context_tokens"];
+  EXPECT_EQ(continued, first_context + tokens + alone - 1);
 }
 
 TEST_F(UiServerTest, SecondTurnWhileOneRunsIs409AndStopEndsTheFirst) {
@@ -350,10 +373,7 @@ TEST_F(UiServerTest, SecondTurnWhileOneRunsIs409AndStopEndsTheFirst) {
   EXPECT_EQ(events.back().first, "done");
   EXPECT_EQ(events.back().second["stop"], "stopped");
   EXPECT_EQ(events.back().second["stats"]["tokens"], 1);  // stopped at its first token
-  // Free again.
-  for (int i = 0; i < 200 && call(*ui, "GET", "/api/info")->body_json()["busy"] == true; ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
+  wait_idle(*ui);
   auto third = call(*ui, "POST", "/api/generate", R"({"prompt": "again", "n_predict": 2})");
   ASSERT_TRUE(third->wait_finished());
   EXPECT_EQ(third->events().back().second["stats"]["tokens"], 2);
@@ -370,10 +390,7 @@ TEST_F(UiServerTest, PromptOverTheContextEndsTheTurnWithAnError) {
   EXPECT_EQ(events.back().first, "error");
   EXPECT_EQ(events.back().second["turn"], 1);
   EXPECT_NE(events.back().second["message"].get<std::string>().find("context"), std::string::npos);
-  // The UI goes on.
-  for (int i = 0; i < 200 && call(*ui, "GET", "/api/info")->body_json()["busy"] == true; ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
+  wait_idle(*ui);  // the UI goes on
   auto next = call(*ui, "POST", "/api/generate", R"({"prompt": "Hello", "n_predict": 3})");
   ASSERT_TRUE(next->wait_finished());
   EXPECT_EQ(next->events().back().second["stats"]["tokens"], 3);

@@ -148,6 +148,8 @@ function applyEvent(view, type, data) {
     const s = data.stats;
     view.foot.textContent = `${s.tokens} tokens, ${fmtPct(s.cloud_share)} from the cloud in ${s.route_events} route events, ` +
       `${s.tok_s.toFixed(1)} tok/s — stopped: ${data.stop}`;
+    // The answer streams silently (a live region per token would be noise); its end is said once.
+    if (view === state.current) $("announce").textContent = `Answer done: ${view.foot.textContent}`;
     if (data.cloud_unavailable) {
       showNotice(`Cloud unavailable, decoding locally: ${s.fallbacks} fallback${s.fallbacks === 1 ? "" : "s"}` +
         (s.last_cloud_error ? ` (${s.last_cloud_error})` : ""));
@@ -157,6 +159,7 @@ function applyEvent(view, type, data) {
   } else if (type === "error") {
     view.done = { error: data.message };
     view.foot.textContent = `error: ${data.message}`;
+    if (view === state.current) $("announce").textContent = `Answer failed: ${data.message}`;
   }
   if (state.current === view) drawStats(view);
 }
@@ -384,7 +387,10 @@ async function reconnect(view) {
     el.link.textContent = "reconnecting…";
     try {
       const r = await fetch(`/api/turns/${view.id}/events?after=${view.events}`);
-      if (r.status === 404) break;
+      if (r.status === 404) {
+        el.link.textContent = "connected; that answer is gone (the UI server restarted)";
+        return;
+      }
       if (r.ok) {
         el.link.textContent = "connected";
         const result = await follow(r, view);
