@@ -417,6 +417,24 @@ TEST_F(UiServerTest, DeadCloudFallsBackAndSaysSo) {
   EXPECT_EQ(fallbacks, 5);
   EXPECT_EQ(events.back().second["stats"]["fallbacks"], 5);
   EXPECT_EQ(events.back().second["cloud_unavailable"], true);
+
+  // The other cloud modes (a new decoder each, as the settings change) fall back the same way;
+  // they have no router score.
+  for (const char* mode : {"speculative", "cloud"}) {
+    wait_idle(*ui);
+    auto m = call(*ui, "POST", "/api/generate",
+                  json{{"prompt", "Hello"}, {"mode", mode}, {"n_predict", 4}}.dump());
+    ASSERT_TRUE(m->wait_finished());
+    const auto ev = m->events();
+    ASSERT_EQ(ev.back().first, "done") << mode;
+    EXPECT_EQ(ev.front().second["mode"], mode);
+    EXPECT_EQ(ev.back().second["stats"]["fallbacks"], 4) << mode;
+    for (const auto& [type, data] : ev) {
+      if (type == "token") {
+        EXPECT_FALSE(data.contains("score")) << mode;
+      }
+    }
+  }
 }
 
 }  // namespace
