@@ -187,6 +187,12 @@ def send(driver, wait, turns_before, keys=Keys.ENTER):
     return last
 
 
+def type_prompt(driver):
+    prompt = by_id(driver, "prompt")
+    prompt.clear()
+    prompt.send_keys(PROMPT.replace("\n", Keys.SHIFT + Keys.ENTER + Keys.SHIFT))
+
+
 def share_of(turn):
     local = len(turn.find_elements(By.CSS_SELECTOR, ".tok.local"))
     cloud = len(turn.find_elements(By.CSS_SELECTOR, ".tok.cloud"))
@@ -206,9 +212,7 @@ def run(driver, wait, page, cloud):
     high = set_slider(driver, 0.6)
     check(abs(high - 0.6) < 1e-6 and by_id(driver, "level-value").text == "60 %",
           f"the slider moves with the keyboard to {high}")
-    prompt = by_id(driver, "prompt")
-    prompt.clear()
-    prompt.send_keys(PROMPT.replace("\n", Keys.SHIFT + Keys.ENTER + Keys.SHIFT))
+    type_prompt(driver)
     turn = send(driver, wait, 0)
     local, cloud_tokens = share_of(turn)
     check(local > 0 and cloud_tokens > 0, f"tokens of both sources: {local} local, {cloud_tokens} cloud")
@@ -259,10 +263,13 @@ def run(driver, wait, page, cloud):
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#turns .turn")) == 2)
     check(len(driver.find_elements(By.CSS_SELECTOR, "#turns .tok.cloud")) >= cloud_tokens,
           "after a reload the kept turns are drawn again")
+    check(by_id(driver, "level-value").text == "0 %" and by_id(driver, "prompt").get_attribute("value") == PROMPT
+          and by_id(driver, "n-predict").get_attribute("value") == N_PREDICT,
+          "and the tab's settings and prompt are kept")
 
     # A reload in the middle of an answer: the page finds the running turn, attaches to it again
-    # and ends with every token once.
-    by_id(driver, "prompt").send_keys(PROMPT.replace("\n", Keys.SHIFT + Keys.ENTER + Keys.SHIFT))
+    # and ends with every token once. (At a 60 % share the answer waits on the slow link.)
+    set_slider(driver, 0.6)
     n = by_id(driver, "n-predict")
     n.clear()
     n.send_keys(LONG)
@@ -281,10 +288,7 @@ def run(driver, wait, page, cloud):
           f"the re-attached turn has each of its {tokens_drawn} tokens once")
 
     # Escape stops an answer in the middle (the server's token callback returns false).
-    n = by_id(driver, "n-predict")  # the reload reset the form
-    n.clear()
-    n.send_keys(LONG)
-    by_id(driver, "prompt").send_keys(PROMPT.replace("\n", Keys.SHIFT + Keys.ENTER + Keys.SHIFT))
+    check(by_id(driver, "n-predict").get_attribute("value") == LONG, "settings kept over the reload")
     by_id(driver, "prompt").send_keys(Keys.ENTER)
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, f"#turns .turn:nth-child({turns + 2}) .tok")) >= 3)
     driver.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
@@ -292,13 +296,13 @@ def run(driver, wait, page, cloud):
     done = driver.execute_script("return state.current.done")
     check(done["stop"] == "stopped" and done["stats"]["tokens"] < int(LONG),
           f"Escape stopped the answer at {done['stats']['tokens']} of {LONG} tokens")
+    n = by_id(driver, "n-predict")
     n.clear()
     n.send_keys(N_PREDICT)
 
     # The cloud goes away: the answer still comes, locally, and the page says so.
     cloud.kill()
     cloud.wait(timeout=10)
-    by_id(driver, "prompt").send_keys(PROMPT.replace("\n", Keys.SHIFT + Keys.ENTER + Keys.SHIFT))
     driver.find_element(By.CSS_SELECTOR, "#route-by input[value=target]").click()
     set_slider(driver, 0.6)
     turns = len(driver.find_elements(By.CSS_SELECTOR, "#turns .turn"))

@@ -409,6 +409,36 @@ async function stop() {
   } catch (_) { /* nothing to stop */ }
 }
 
+// ---- settings survive a reload (per tab: sessionStorage) ----
+
+const SETTINGS_KEY = "tandem-ui-settings";
+function saveSettings() {
+  const routeBy = el.routeBy.querySelector("input:checked").value;
+  const settings = {
+    prompt: el.prompt.value, mode: el.mode.value, policy: el.policy.value, routeBy,
+    level: el.level.value, nPredict: el.nPredict.value, temp: el.temp.value, cont: el.cont.checked,
+  };
+  try { sessionStorage.setItem(SETTINGS_KEY, JSON.stringify(settings)); } catch (_) { /* private mode */ }
+}
+function restoreSettings() {
+  let s = null;
+  try { s = JSON.parse(sessionStorage.getItem(SETTINGS_KEY)); } catch (_) { /* none */ }
+  if (!s) return;
+  el.prompt.value = s.prompt;
+  el.mode.value = s.mode;
+  el.policy.value = s.policy;
+  const radio = el.routeBy.querySelector(`input[value="${s.routeBy === "target" ? "target" : "threshold"}"]`);
+  radio.checked = true;
+  configureSlider(false);
+  el.level.value = s.level;
+  configureSlider(true);
+  el.nPredict.value = s.nPredict;
+  el.temp.value = s.temp;
+  el.cont.checked = !!s.cont;
+}
+el.form.addEventListener("input", saveSettings);
+el.form.addEventListener("change", saveSettings);
+
 // ---- start-up: defaults, and every kept turn (a reloaded page shows the conversation again) ----
 
 async function load() {
@@ -426,6 +456,7 @@ async function load() {
     configureSlider(false);
     el.level.value = d.target_rate != null ? d.target_rate : d.threshold;
     configureSlider(true);
+    restoreSettings(); // what this tab had before a reload, over the command line's defaults
     el.link.textContent = "connected";
 
     const kept = await (await fetch("/api/turns")).json();
