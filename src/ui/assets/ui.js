@@ -337,27 +337,29 @@ async function readEvents(response, onEvent) {
   }
 }
 
-// Feeds one stream into a turn view; resolves true when the turn finished (done or error).
-async function follow(response, viewOrNull) {
-  let view = viewOrNull;
+// Feeds one stream into a turn view (made from the first event when `holder.view` is null);
+// resolves whether the turn finished (done or error). holder.view is set even if the stream
+// breaks, so the caller can re-attach.
+async function follow(response, holder) {
   let finished = false;
   await readEvents(response, (type, data) => {
-    if (!view) {
-      view = newTurnView(data.turn);
-      state.current = view;
+    if (!holder.view) {
+      holder.view = newTurnView(data.turn);
+      state.current = holder.view;
     }
+    const view = holder.view;
     applyEvent(view, type, data);
     if (type === "done" || type === "error") finished = true;
     if (type === "token" && state.current === view && view.tokens.length === 1) view.li.scrollIntoView({ block: "nearest" });
   });
-  return { finished, view };
+  return finished;
 }
 
 async function generate() {
   el.formError.textContent = "";
   if (!el.prompt.value.trim()) { el.formError.textContent = "Write a prompt first."; el.prompt.focus(); return; }
   setRunning(true);
-  let view = null;
+  const holder = { view: null };
   try {
     const response = await fetch("/api/generate", {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(requestBody()),
@@ -371,11 +373,12 @@ async function generate() {
       setRunning(false);
       return;
     }
-    const result = await follow(response, null);
-    view = result.view;
-    if (!result.finished && view) await reconnect(view);
+    const finished = await follow(response, holder);
+    if (!finished && holder.view) await reconnect(holder.view);
   } catch (err) {
-    if (view || state.current) await reconnect(view || state.current);
+    // A stream that broke mid-answer is picked up again; a request that never got an answer
+    // is reported (the server may be gone: nothing to re-attach to).
+    if (holder.view) await reconnect(holder.view);
     else el.formError.textContent = `the UI server did not answer: ${err.message}`;
   }
   setRunning(false);
@@ -384,6 +387,7 @@ async function generate() {
 // The stream broke before the turn finished: attach to it again, with backoff, until it ends.
 async function reconnect(view) {
   for (let attempt = 0; attempt < 60; attempt++) {
+    if (view.done) return; // its last event arrived after all
     el.link.textContent = "reconnecting…";
     try {
       const r = await fetch(`/api/turns/${view.id}/events?after=${view.events}`);
@@ -393,8 +397,7 @@ async function reconnect(view) {
       }
       if (r.ok) {
         el.link.textContent = "connected";
-        const result = await follow(r, view);
-        if (result.finished) return;
+        if (await follow(r, { view })) return;
       }
     } catch (_) { /* the server is away: try again */ }
     await new Promise((res) => setTimeout(res, Math.min(4000, 250 * 2 ** attempt)));
