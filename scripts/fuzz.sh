@@ -31,9 +31,11 @@ if grep -q '^fuzz_tokenizer:' <(cmake --build "$BUILD" --target help 2>/dev/null
 fi
 
 # ---- seed corpora ---------------------------------------------------------------------------------
-if grep -q '^fuzz_api:' <(cmake --build "$BUILD" --target help 2>/dev/null | sed 's/^\.\.\. //;s/:.*$/:/'); then
-  cmake --build "$BUILD" -j "$JOBS" --target fuzz_api >&2
-fi
+for t in fuzz_api fuzz_ui_request; do
+  if grep -q "^$t:" <(cmake --build "$BUILD" --target help 2>/dev/null | sed 's/^\.\.\. //;s/:.*$/:/'); then
+    cmake --build "$BUILD" -j "$JOBS" --target "$t" >&2
+  fi
+done
 
 SEEDS=$BUILD/seeds
 rm -rf "$SEEDS"
@@ -45,6 +47,16 @@ for body in '{"expected_pos":0,"append":[1,2,3],"generate":{"n":4,"temperature":
   '{"prompt":[1,2,3],"max_tokens":5,"stop":["a","bc"],"temperature":0,"stream":true}' \
   '{"prompt":"hi","max_tokens":1e3,"top_p":2}' '{"expected_pos":1.5,"append":[1e9]}'; do
   printf '%s' "$body" >"$SEEDS/fuzz_api/seed$n.json"
+  n=$((n + 1))
+done
+# tandem ui's POST /api/generate bodies: valid ones and near misses.
+mkdir -p "$SEEDS/fuzz_ui_request"
+n=0
+for body in '{"prompt":"The capital of France is","mode":"route","policy":"confidence","threshold":0.5,"n_predict":64,"temp":0,"continue":false}' \
+  '{"prompt":"Q: 2+2?\nA:","mode":"route","policy":"entropy","target_rate":0.25}' \
+  '{"prompt":"x","policy":"random","target_rate":1}' '{"prompt":"","mode":"cloud"}' \
+  '{"prompt":"x","threshold":0.5,"target_rate":0.5}' '{"prompt":"x","n_predict":1e9,"temp":-1}' '[1,2]'; do
+  printf '%s' "$body" >"$SEEDS/fuzz_ui_request/seed$n.json"
   n=$((n + 1))
 done
 shopt -s nullglob

@@ -15,7 +15,8 @@ PACKAGES=(
   haproxy curl ccache gnuplot-nox openssl
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev clang-format
-  python3 python3-pip
+  python3 python3-pip python3-venv
+  chromium chromium-driver
 )
 # The arm64 libraries the cross build of the kernels and their tests links or finds at configure
 # time (scripts/arm_test.sh, cmake/aarch64-linux-gnu.cmake); nlohmann-json and CLI11 are arch-all.
@@ -82,10 +83,11 @@ setup_arm() {
     "qemu-aarch64 -L /usr/aarch64-linux-gnu ./test"
 }
 
-# Python packages for the tests (the official `openai` client talks to `tandem serve`), in a
+# Python packages for the tests (the official `openai` client talks to `tandem serve`; Selenium
+# drives Debian's chromium through Debian's chromedriver for the `tandem ui` browser test), in a
 # virtual environment of their own under the tandem cache so nothing system-wide changes.
 VENV=${TANDEM_CACHE:-$HOME/.cache/tandem}/venv
-PY_PACKAGES=(openai)
+PY_PACKAGES=(openai selenium)
 setup_python() {
   if [[ ! -x "$VENV/bin/python" ]]; then
     log "creating $VENV"

@@ -178,6 +178,10 @@ struct EdgeToken {
   TokenId id = 0;
   TokenSource source = TokenSource::Local;
   float score = 0;
+  // For a cloud token: the small model's greedy choice at that position, when it was computed
+  // (the first token of a route event, a speculative correction); -1 when unknown.
+  TokenId edge_top1 = -1;
+  bool fallback = false;  // decided locally because the cloud failed or was backing off
 };
 
 struct EdgeResult {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/edge_flags.h"
 #include "common/error.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
@@ -33,32 +34,6 @@ std::string human_bytes(uint64_t n) {
     std::snprintf(buf, sizeof buf, "%.1f MiB", n / (1024.0 * 1024.0));
   }
   return buf;
-}
-
-nlohmann::json stats_json(const EdgeStats& s) {
-  nlohmann::json j;
-  j["tokens"] = s.tokens;
-  j["cloud_tokens"] = s.cloud_tokens;
-  j["cloud_share"] = s.cloud_share;
-  j["route_events"] = s.route_events;
-  j["bytes_up"] = s.bytes_up;
-  j["bytes_down"] = s.bytes_down;
-  j["cloud_ms"] = s.cloud_ms;
-  j["local_ms"] = s.local_ms;
-  j["ttft_ms"] = s.ttft_ms;
-  j["tok_s"] = s.tok_s;
-  j["fallbacks"] = s.fallbacks;
-  j["replays"] = s.replays;
-  j["accepted_drafts"] = s.accepted_drafts;
-  j["drafted"] = s.drafted;
-  j["prefilled_on_route"] = s.prefilled_on_route;
-  j["sync_steps"] = s.sync_steps;
-  j["sync_failures"] = s.sync_failures;
-  j["cloud_failures"] = s.cloud_failures;
-  j["cloud_lost"] = s.cloud_lost;
-  j["total_ms"] = s.total_ms;
-  if (!s.last_cloud_error.empty()) j["last_cloud_error"] = s.last_cloud_error;
-  return j;
 }
 
 void add_stats(EdgeStats& total, const EdgeStats& s) {
@@ -90,61 +65,9 @@ class RunCommand : public Command {
   explicit RunCommand(CLI::App& app)
       : Command(app.add_subcommand(
             "run", "Decode on the device with a small model, consulting a cloud model per token")) {
-    sub_->add_option("-m,--model", model_, "Small (edge) GGUF model")
-        ->default_str(default_model_path());
-    sub_->add_option("--cloud", cloud_.url, "Cloud URL: http(s)://HOST:PORT[/PREFIX]");
-    sub_->add_option("--cloud-api", cloud_.api,
-                     "Cloud API: tandem (native, stateful sessions) | openai (/v1/completions) | "
-                     "sglang (/generate) | llamacpp (/completion): stateless, token-id prompts")
-        ->capture_default_str();
-    sub_->add_option("--api-key", cloud_.api_key, "Cloud API key (Authorization: Bearer)");
-    sub_->add_flag("--insecure", cloud_.insecure, "https: do not verify the certificate");
-    sub_->add_option("--ca-file", cloud_.ca_file, "https: CA bundle (PEM) to verify against");
-    sub_->add_option("--mode", mode_, "local | route | speculative | cloud")->capture_default_str();
-    sub_->add_option("--policy", policy_,
-                     "Router: confidence | entropy | margin | random:RATE[:SEED] | always | never")
-        ->capture_default_str();
-    sub_->add_option("--router", router_file_,
-                     "Trained router (GGUF) instead of --policy: not supported yet");
-    auto* thr = sub_->add_option("--threshold", threshold_,
-                                 "Route when the policy's score exceeds this (default per policy: "
-                                 "confidence 0.5, entropy 2, margin 0.8)");
-    sub_->add_option("--target-rate", target_rate_,
-                     "Keep the cloud share of tokens near R (0..1) instead of a threshold")
-        ->check(CLI::Range(0.0, 1.0))
-        ->excludes(thr);
-    sub_->add_option("--route-span", opts_.route_span, "Cloud tokens per route event")
-        ->check(CLI::Range(1, 1024))
-        ->capture_default_str();
-    sub_->add_option("--draft", opts_.draft, "Speculative: drafts per verify")
-        ->check(CLI::Range(1, 64))
-        ->capture_default_str();
-    sub_->add_flag("--no-sync-ahead", no_sync_ahead_,
-                   "Do not push locally decided tokens to the cloud in the background");
-    sub_->add_option("--sync-every", opts_.sync_every,
-                     "Sync ahead once N local tokens have gathered (1: after every token)")
-        ->check(CLI::Range(1, 1 << 20))
-        ->capture_default_str();
-    sub_->add_option("--cloud-timeout", opts_.cloud_timeout_s,
-                     "Seconds a cloud request may take (connect included) before the device "
-                     "decodes the token itself")
-        ->check(CLI::Range(0.001, 3600.0))
-        ->capture_default_str();
+    edge_.add_to(*sub_);
     prompt_opt_ = sub_->add_option("-p,--prompt", prompt_, "Prompt text");
     sub_->add_option("-f,--file", file_, "Read the prompt from a file")->excludes(prompt_opt_);
-    sub_->add_option("-n,--n-predict", n_predict_,
-                     "Tokens to generate per answer (-1: until end or context)")
-        ->capture_default_str();
-    sub_->add_option("-c,--ctx-size", opts_.context.n_ctx,
-                     "Context size of the small model (0: model default, at most 4096)")
-        ->check(CLI::Range(0, 1 << 20));
-    sub_->add_option("-t,--threads", opts_.context.n_threads, "Threads (default: all cores)");
-    sub_->add_option("--temp", opts_.sampling.temp, "Temperature (0: greedy)")
-        ->capture_default_str();
-    sub_->add_option("--top-k", opts_.sampling.top_k, "Top-k (0: off)")->capture_default_str();
-    sub_->add_option("--top-p", opts_.sampling.top_p, "Top-p (1: off)")->capture_default_str();
-    sub_->add_option("--min-p", opts_.sampling.min_p, "Min-p (0: off)")->capture_default_str();
-    sub_->add_option("-s,--seed", seed_, "RNG seed (-1: random)");
     sub_->add_flag("--color", color_, "Colour cloud tokens even when stdout is not a terminal");
     sub_->add_flag("--chat", chat_, "Wrap the prompt in the model's chat template");
     sub_->add_option("--system", system_, "System message (with --chat or -i)");
@@ -157,47 +80,15 @@ class RunCommand : public Command {
   }
 
   int run() override {
-    if (model_.empty()) model_ = default_model_path();
-    if (seed_ >= 0) opts_.sampling.seed = static_cast<uint64_t>(seed_);
-    opts_.sync_ahead = !no_sync_ahead_;
-    opts_.cloud_chunk = 16;
-    try {
-      opts_.mode = parse_edge_mode(mode_);
-      opts_.router = parse_router_policy(policy_);
-    } catch (const std::invalid_argument& e) {
-      throw Error(e.what());
-    }
-    if (!router_file_.empty()) {
-      throw Error("--router " + router_file_ +
-                  ": trained routers are not supported yet; use --policy "
-                  "confidence|entropy|margin|random:RATE|always|never");
-    }
-    if (threshold_) opts_.router.threshold = *threshold_;
-    if (target_rate_) opts_.router.target_rate = *target_rate_;
-    if (opts_.mode != EdgeMode::Local && cloud_.url.empty()) {
-      throw Error("--mode " + mode_ + " needs --cloud URL (a `tandem serve` address)");
-    }
-    if (opts_.mode == EdgeMode::Speculative && opts_.sampling.temp > 0) {
-      std::fprintf(stderr,
-                   "tandem: speculative mode is greedy (the cloud verifies greedily); --temp is "
-                   "used only for tokens decoded locally when the cloud is unavailable\n");
-    }
-    cloud_.timeout_s = opts_.cloud_timeout_s;
+    edge_.resolve();
     colour_ = color_ || isatty(STDOUT_FILENO) == 1;
 
-    auto model = Model::load(model_);
+    auto model = Model::load(edge_.model);
     const Tokenizer& tok = model->tokenizer();
-    std::unique_ptr<CloudBackend> backend;
-    if (opts_.mode != EdgeMode::Local) {
-      try {
-        backend = make_cloud_backend(cloud_, *model);
-      } catch (const std::invalid_argument& e) {
-        throw Error(e.what());
-      }
-    }
-    EdgeDecoder edge(*model, opts_, std::move(backend));
+    EdgeDecoder edge(*model, edge_.options, edge_.make_backend(*model));
     const std::string cloud_line = edge.start();
-    if (opts_.mode != EdgeMode::Local) std::fprintf(stderr, "tandem: %s\n", cloud_line.c_str());
+    if (edge_.options.mode != EdgeMode::Local)
+      std::fprintf(stderr, "tandem: %s\n", cloud_line.c_str());
 
     if (interactive_) return run_interactive(*model, edge);
 
@@ -226,11 +117,9 @@ class RunCommand : public Command {
         sources.push_back(s == TokenSource::Cloud ? "cloud" : "local");
       j["source"] = sources;
       j["score"] = r.scores;
-      j["stats"] = stats_json(r.stats);
-      j["mode"] = mode_;
-      j["stop"] = r.stop == StopReason::EndOfGeneration ? "eog"
-                  : r.stop == StopReason::ContextFull   ? "context_full"
-                                                        : "length";
+      j["stats"] = edge_stats_json(r.stats);
+      j["mode"] = edge_.mode;
+      j["stop"] = stop_reason_name(r.stop);
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("\n");
@@ -240,7 +129,9 @@ class RunCommand : public Command {
   }
 
  private:
-  int n_predict() const { return n_predict_ < 0 ? std::numeric_limits<int>::max() : n_predict_; }
+  int n_predict() const {
+    return edge_.n_predict < 0 ? std::numeric_limits<int>::max() : edge_.n_predict;
+  }
 
   void show_prompt(std::span<const TokenId> ids) const {
     if (!verbose_prompt_) return;
@@ -264,8 +155,8 @@ class RunCommand : public Command {
     std::fprintf(stderr,
                  "\n%s: %d tokens, cloud %d (%.1f%%) in %d events, fallbacks %d, replays %d%s | "
                  "up %s, down %s | ttft %.0f ms, %.1f tok/s (cloud %.0f ms, local %.0f ms)%s\n",
-                 mode_.c_str(), s.tokens, s.cloud_tokens, 100.0 * s.cloud_share, s.route_events,
-                 s.fallbacks, s.replays,
+                 edge_.mode.c_str(), s.tokens, s.cloud_tokens, 100.0 * s.cloud_share,
+                 s.route_events, s.fallbacks, s.replays,
                  s.drafted ? (", drafts " + std::to_string(s.accepted_drafts) + "/" +
                               std::to_string(s.drafted) + " accepted")
                                  .c_str()
@@ -323,7 +214,7 @@ class RunCommand : public Command {
         }
         j["source"] = sources;
         j["score"] = r.scores;
-        j["stats"] = stats_json(r.stats);
+        j["stats"] = edge_stats_json(r.stats);
         std::printf("%s\n",
                     j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       } else {
@@ -343,16 +234,11 @@ class RunCommand : public Command {
     return 0;
   }
 
-  std::string model_, prompt_, file_, system_, mode_ = "route", policy_ = "confidence",
-                                               router_file_;
+  EdgeFlags edge_;
+  std::string prompt_, file_, system_;
   CLI::Option* prompt_opt_ = nullptr;
-  CloudOptions cloud_;
-  EdgeOptions opts_;
-  std::optional<double> threshold_, target_rate_;
-  int n_predict_ = 128;
-  long long seed_ = -1;
-  bool no_sync_ahead_ = false, color_ = false, chat_ = false, interactive_ = false, json_ = false,
-       colour_ = false, verbose_prompt_ = false;
+  bool color_ = false, chat_ = false, interactive_ = false, json_ = false, colour_ = false,
+       verbose_prompt_ = false;
 };
 
 }  // namespace

@@ -190,7 +190,8 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
   int cloud_warned = 0;
 
   // Appends one produced token; false when generation ends here.
-  auto emit = [&](TokenId id, TokenSource source, float score) -> bool {
+  auto emit = [&](TokenId id, TokenSource source, float score, TokenId edge_top1 = -1,
+                  bool fallback = false) -> bool {
     if (tok.is_eog(id)) {
       res.stop = StopReason::EndOfGeneration;
       return false;
@@ -204,7 +205,7 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
     if (source == TokenSource::Cloud) ++st.cloud_tokens;
     const std::string piece = stream.push(id);
     res.text += piece;
-    if (on_token && !on_token(EdgeToken{id, source, score}, piece)) {
+    if (on_token && !on_token(EdgeToken{id, source, score, edge_top1, fallback}, piece)) {
       res.stop = StopReason::Callback;
       return false;
     }
@@ -248,11 +249,16 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
     op.send_seed = options_.sampling.seed != 0xFFFFFFFF;
     return op;
   };
-  // Emits a cloud answer's tokens; false when generation ended.
-  auto emit_cloud = [&](const CloudStepResult& r, float score, int n_local_prefix) -> bool {
+  // Emits a cloud answer's tokens; false when generation ended. `edge_guess` is the small
+  // model's greedy token at the first cloud-decided position (-1: unknown).
+  auto emit_cloud = [&](const CloudStepResult& r, float score, int n_local_prefix,
+                        TokenId edge_guess) -> bool {
     for (size_t i = 0; i < r.tokens.size(); ++i) {
       const bool local = static_cast<int>(i) < n_local_prefix;
-      if (!emit(r.tokens[i], local ? TokenSource::Local : TokenSource::Cloud, score)) return false;
+      const TokenId guess = static_cast<int>(i) == n_local_prefix ? edge_guess : -1;
+      if (!emit(r.tokens[i], local ? TokenSource::Local : TokenSource::Cloud, score, guess)) {
+        return false;
+      }
     }
     return true;
   };
@@ -274,27 +280,28 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
         const float score = route_score(&to_cloud);
         if (to_cloud) {
           std::optional<CloudStepResult> r;
+          const TokenId edge_guess = argmax(logits_);  // route_score left the logits current
           if (link_) r = consult(cloud_generate_op(std::min(options_.route_span, remaining())));
           if (r) {
             router_.record(true, static_cast<int>(r->tokens.size()));
-            stopped = !emit_cloud(*r, score, 0);
+            stopped = !emit_cloud(*r, score, 0, edge_guess);
             break;
           }
           ++st.fallbacks;
         }
         router_.record(false, 1);
-        stopped = !emit(sample_local(), TokenSource::Local, score);
+        stopped = !emit(sample_local(), TokenSource::Local, score, -1, to_cloud);
         if (!stopped) maybe_sync(false);
         break;
       }
       case EdgeMode::Speculative: {
         std::optional<CloudStepResult> r;
         const int room = remaining();
+        std::vector<TokenId> drafts;
         if (link_ && link_->ready()) {
           // Greedy drafts from the small model, at most room - 1 so that the cloud's extra token
           // still fits; the drafts run ahead in the local KV (kept when accepted).
           ensure_local_logits();
-          std::vector<TokenId> drafts;
           const int n_draft = std::min(options_.draft, room - 1);
           const auto t0 = Clock::now();
           for (int i = 0; i < n_draft; ++i) {
@@ -321,11 +328,13 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
           }
         }
         if (r) {
-          stopped = !emit_cloud(*r, 0.0f, r->accepted);
+          const TokenId edge_guess =
+              r->accepted < static_cast<int>(drafts.size()) ? drafts[r->accepted] : -1;
+          stopped = !emit_cloud(*r, 0.0f, r->accepted, edge_guess);
           break;
         }
         ++st.fallbacks;
-        stopped = !emit(sample_local(), TokenSource::Local, 0.0f);
+        stopped = !emit(sample_local(), TokenSource::Local, 0.0f, -1, true);
         break;
       }
       case EdgeMode::Cloud: {
@@ -336,11 +345,11 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
           r = consult(cloud_generate_op(std::min(chunk, remaining())));
         }
         if (r) {
-          stopped = !emit_cloud(*r, 1.0f, 0);
+          stopped = !emit_cloud(*r, 1.0f, 0, -1);
           break;
         }
         ++st.fallbacks;
-        stopped = !emit(sample_local(), TokenSource::Local, 0.0f);
+        stopped = !emit(sample_local(), TokenSource::Local, 0.0f, -1, true);
         break;
       }
     }

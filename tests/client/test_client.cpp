@@ -431,9 +431,14 @@ TEST(RouteMode, WithoutACloudDecodesLocallyAndCountsFallbacks) {
   EdgeOptions o = edge_options(EdgeMode::Route, "always");
   o.signal_hidden = true;  // the hidden state rides along without changing anything
   EdgeDecoder edge(*model, o);
-  const EdgeResult r = edge.generate(prompt, 24);
+  int marked = 0;
+  const EdgeResult r = edge.generate(prompt, 24, [&](const EdgeToken& t, std::string_view) {
+    marked += t.fallback;
+    return true;
+  });
   EXPECT_EQ(r.ids, want);
   EXPECT_EQ(r.stats.fallbacks, 24);
+  EXPECT_EQ(marked, 24);  // every token says it was a fallback
   EXPECT_TRUE(r.stats.cloud_lost);
 }
 
@@ -540,6 +545,31 @@ TEST_F(EdgeCloudTest, SyncAheadLeavesLittleToPrefillOnRoute) {
     // Without sync-ahead every local token is prefilled by a later consultation.
   }
   EXPECT_LT(prefilled[1], prefilled[0]);
+}
+
+// Each cloud token of a route event carries the small model's greedy token at that position
+// (what `tandem ui` shows as "the small model would have said").
+TEST_F(EdgeCloudTest, RouteCloudTokensCarryTheEdgesGreedyGuess) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "always"), backend(serve.url()));
+  edge.start();
+  std::vector<EdgeToken> seen;
+  const EdgeResult r = edge.generate(prompt_, 12, [&](const EdgeToken& t, std::string_view) {
+    if (t.id >= 0) seen.push_back(t);
+    return true;
+  });
+  ASSERT_EQ(seen.size(), r.ids.size());
+  std::vector<TokenId> history = prompt_;
+  int differing = 0;
+  for (const EdgeToken& t : seen) {
+    EXPECT_EQ(t.source, TokenSource::Cloud);
+    EXPECT_FALSE(t.fallback);
+    EXPECT_EQ(t.edge_top1, greedy(*edge_model_, history, 1).at(0));
+    differing += t.edge_top1 != t.id;
+    history.push_back(t.id);
+  }
+  EXPECT_GT(differing, 0) << "the two models should disagree somewhere";
 }
 
 TEST_F(EdgeCloudTest, SpeculativeEqualsCloudGreedy) {

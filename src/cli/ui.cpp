@@ -1,0 +1,107 @@
+// tandem ui: a browser view of routing. Serves a page (embedded in the binary) on 127.0.0.1 that
+// sends prompts to the edge decoder of `tandem run` (same flags) and shows the answer streaming
+// token by token, cloud tokens marked, with the router's scores and live stats.
+#include <utility>  // before Boost 1.74's asio (std::exchange)
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/edge_flags.h"
+#include "common/error.h"
+#include "server/http_server.h"
+#include "tandem/engine.h"
+#include "ui/ui_server.h"
+
+namespace tandem::cli {
+namespace {
+
+namespace asio = boost::asio;
+
+class UiCommand : public Command {
+ public:
+  explicit UiCommand(CLI::App& app)
+      : Command(app.add_subcommand(
+            "ui",
+            "A browser view of routing: a page on 127.0.0.1 that streams each answer token "
+            "by token, cloud tokens marked, with router scores and live stats")) {
+    edge_.add_to(*sub_);
+    http_.port = 8090;  // next to tandem serve's 8080, so both run with their defaults
+    sub_->add_option("--host", http_.host,
+                     "Address to bind (loopback by default: the page has no authentication)")
+        ->capture_default_str();
+    sub_->add_option("--port", http_.port, "Port (0: any free port, printed on stderr)")
+        ->check(CLI::Range(0, 65535))
+        ->capture_default_str();
+    sub_->add_option("--max-predict", limits_.max_predict, "Tokens one answer may ask for at most")
+        ->check(CLI::Range(1, 8192))
+        ->capture_default_str();
+  }
+
+  int run() override {
+    http_.max_body_bytes = 64 * 1024;
+    edge_.resolve();
+    auto model = Model::load(edge_.model);
+    if (edge_.options.mode != EdgeMode::Local || !edge_.cloud.url.empty()) {
+      // Fail on a bad URL now rather than on the first request.
+      (void)edge_.make_backend(*model);
+    }
+
+    ui::UiOptions o;
+    o.edge = edge_.options;
+    o.limits = limits_;
+    o.defaults.mode = edge_.options.mode;
+    o.defaults.router = edge_.options.router;
+    o.defaults.temp = edge_.options.sampling.temp;
+    o.defaults.n_predict =
+        std::clamp(edge_.n_predict < 0 ? 128 : edge_.n_predict, 1, limits_.max_predict);
+    o.model_name = std::filesystem::path(edge_.model).filename().string();
+    o.cloud_url = edge_.cloud.url;
+    o.cloud_api = edge_.cloud.api;
+    // The I/O context outlives the UI server: the server's open streams hold connections.
+    asio::io_context io;
+    const EdgeFlags& flags = edge_;
+    const Model& small = *model;
+    ui::UiServer ui(small, o, [&flags, &small]() -> std::unique_ptr<CloudBackend> {
+      if (flags.cloud.url.empty()) return nullptr;
+      return make_cloud_backend(flags.cloud, small);
+    });
+    server::HttpServer http(
+        io, http_, [&ui](const server::HttpRequest& req, std::shared_ptr<server::Responder> res) {
+          ui.handle(req, std::move(res));
+        });
+    http.start();
+    std::fprintf(stderr, "tandem ui: open http://%s:%d/ (edge %s, cloud %s)\n", http_.host.c_str(),
+                 http.port(), o.model_name.c_str(),
+                 o.cloud_url.empty() ? "none: local only" : o.cloud_url.c_str());
+    std::fflush(stderr);
+
+    asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      std::fprintf(stderr, "tandem ui: stopping\n");
+      http.stop_accepting();
+      io.stop();
+    });
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) threads.emplace_back([&] { io.run(); });
+    for (auto& t : threads) t.join();
+    return 0;
+  }
+
+ private:
+  EdgeFlags edge_;
+  server::HttpServerOptions http_;
+  ui::UiLimits limits_;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> make_ui_command(CLI::App& app) {
+  return std::make_unique<UiCommand>(app);
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,517 @@
+#include "ui/ui_server.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "cli/edge_flags.h"
+#include "common/error.h"
+#include "tokenizer/tokenizer.h"
+#include "ui/assets.h"
+
+namespace tandem::ui {
+
+using nlohmann::json;
+using server::HttpRequest;
+using server::Responder;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Invalid UTF-8 (a token piece that splits a character) becomes U+FFFD instead of throwing.
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void send_json(Responder& responder, int status, const json& body,
+               const server::HeaderList& headers = {}) {
+  responder.send(status, "application/json", dump(body), headers);
+}
+
+void send_error(Responder& responder, int status, const std::string& code,
+                const std::string& message, const std::string& field = "") {
+  json e = {{"code", code}, {"message", message}};
+  if (!field.empty()) e["field"] = field;
+  send_json(responder, status, {{"error", e}});
+}
+
+const char* policy_names[] = {"confidence", "entropy", "margin", "random", "always", "never"};
+
+// The range a threshold of each policy's score can sensibly take (entropy in nats: a
+// distribution over a 262k vocabulary has at most ln(262144) ~ 12.5).
+std::pair<double, double> threshold_range(RouterPolicy policy) {
+  return policy == RouterPolicy::Entropy ? std::pair{0.0, 16.0} : std::pair{0.0, 1.0};
+}
+
+const json& field_of(const json& body, const char* name) {
+  static const json absent;
+  const auto it = body.find(name);
+  return it == body.end() ? absent : *it;
+}
+
+// A bound as people write it: 1024, not 1024.0.
+std::string bound_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+double number_in(const json& value, const char* name, double lo, double hi) {
+  if (!value.is_number()) throw RequestError(name, "expected a number");
+  const double v = value.get<double>();
+  if (!(v >= lo && v <= hi)) {
+    throw RequestError(
+        name, "is " + value.dump() + ", outside [" + bound_text(lo) + ", " + bound_text(hi) + "]");
+  }
+  return v;
+}
+
+std::optional<size_t> query_number(const std::string& query, const std::string& name) {
+  size_t pos = 0;
+  while (pos <= query.size()) {
+    const size_t end = std::min(query.find('&', pos), query.size());
+    const std::string part = query.substr(pos, end - pos);
+    if (part.rfind(name + "=", 0) == 0) {
+      const std::string v = part.substr(name.size() + 1);
+      if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
+        return std::nullopt;
+      return std::stoul(v);
+    }
+    pos = end + 1;
+  }
+  return 0;
+}
+
+// The host part of "http://host:port" or "host:port", lower-cased.
+std::string host_of(std::string s) {
+  if (const size_t scheme = s.find("://"); scheme != std::string::npos) s.erase(0, scheme + 3);
+  s = s.substr(0, s.find('/'));
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+std::string cross_site_refusal(const server::HttpRequest& request) {
+  // A JSON content type makes a browser ask first (CORS preflight), which this server never
+  // allows, so another site's page cannot start or stop answers here.
+  const std::string type = request.header("content-type");
+  if (type.rfind("application/json", 0) != 0) {
+    return "POST needs Content-Type: application/json (got '" + type + "')";
+  }
+  // Browsers name the page that sent a request; it must be this server's own page.
+  const std::string origin = request.header("origin");
+  if (!origin.empty() && host_of(origin) != host_of(request.header("host"))) {
+    return "cross-origin request from " + origin + " refused";
+  }
+  return "";
+}
+
+const EmbeddedAsset* find_asset(std::string_view path) {
+  if (path == "/") path = "/index.html";
+  for (size_t i = 0; i < kEmbeddedAssetCount; ++i) {
+    if (path == kEmbeddedAssets[i].path) return &kEmbeddedAssets[i];
+  }
+  return nullptr;
+}
+
+GenerateRequest parse_generate_request(std::string_view body, const GenerateRequest& defaults,
+                                       const UiLimits& limits) {
+  const json j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) throw RequestError("body", "is not valid JSON");
+  if (!j.is_object()) throw RequestError("body", "expected a JSON object");
+  static const char* known[] = {"prompt",      "mode",      "policy", "threshold",
+                                "target_rate", "n_predict", "temp",   "continue"};
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) ==
+        std::end(known)) {
+      throw RequestError(key.empty() ? "\"\"" : key,  // an empty name still names something
+                         "unknown field (known: prompt, mode, policy, threshold, "
+                         "target_rate, n_predict, temp, continue)");
+    }
+  }
+  GenerateRequest r = defaults;
+
+  const json& prompt = field_of(j, "prompt");
+  if (!prompt.is_string()) throw RequestError("prompt", "expected a string");
+  r.prompt = prompt.get<std::string>();
+  if (r.prompt.empty()) throw RequestError("prompt", "is empty");
+  if (r.prompt.size() > limits.max_prompt_bytes) {
+    throw RequestError("prompt", "has " + std::to_string(r.prompt.size()) + " bytes, more than " +
+                                     std::to_string(limits.max_prompt_bytes));
+  }
+
+  if (const json& mode = field_of(j, "mode"); !mode.is_null()) {
+    if (!mode.is_string()) throw RequestError("mode", "expected a string");
+    try {
+      r.mode = parse_edge_mode(mode.get<std::string>());
+    } catch (const std::invalid_argument& e) {
+      throw RequestError("mode", e.what());
+    }
+  }
+
+  // A policy given here starts from that policy's defaults; none keeps the command line's router.
+  if (const json& policy = field_of(j, "policy"); !policy.is_null()) {
+    if (!policy.is_string()) throw RequestError("policy", "expected a string");
+    const std::string name = policy.get<std::string>();
+    if (std::find(std::begin(policy_names), std::end(policy_names), name) ==
+        std::end(policy_names)) {
+      throw RequestError("policy", "unknown policy '" + name +
+                                       "' (choices: confidence, entropy, margin, random, "
+                                       "always, never)");
+    }
+    const RouterConfig keep = r.router;
+    r.router = parse_router_policy(name == "random" ? "random:0.1" : name);
+    r.router.random_seed = keep.random_seed;
+    r.router.window = keep.window;
+  }
+  const json& threshold = field_of(j, "threshold");
+  const json& target = field_of(j, "target_rate");
+  if (!threshold.is_null() && !target.is_null()) {
+    throw RequestError("target_rate", "give threshold or target_rate, not both");
+  }
+  if (!threshold.is_null()) {
+    const auto [lo, hi] = threshold_range(r.router.policy);
+    r.router.threshold = number_in(threshold, "threshold", lo, hi);
+    r.router.target_rate.reset();
+  }
+  if (!target.is_null()) {
+    const double rate = number_in(target, "target_rate", 0, 1);
+    // The random policy's rate is its cloud share already.
+    if (r.router.policy == RouterPolicy::Random) {
+      r.router.random_rate = rate;
+    } else {
+      r.router.target_rate = rate;
+    }
+  }
+
+  if (const json& n = field_of(j, "n_predict"); !n.is_null()) {
+    if (!n.is_number_integer()) throw RequestError("n_predict", "expected an integer");
+    r.n_predict = static_cast<int>(number_in(n, "n_predict", 1, limits.max_predict));
+  }
+  if (const json& temp = field_of(j, "temp"); !temp.is_null()) {
+    r.temp = static_cast<float>(number_in(temp, "temp", 0, 2));
+  }
+  if (const json& cont = field_of(j, "continue"); !cont.is_null()) {
+    if (!cont.is_boolean()) throw RequestError("continue", "expected true or false");
+    r.continue_conversation = cont.get<bool>();
+  }
+  return r;
+}
+
+std::string sse_event(std::string_view type, uint64_t id, const json& data) {
+  std::string out = "id: " + std::to_string(id) + "\nevent: ";
+  out += type;
+  out += "\ndata: " + dump(data) + "\n\n";  // dump() never has a raw newline
+  return out;
+}
+
+// ---- UiServer ----
+
+UiServer::UiServer(const Model& edge_model, UiOptions options, BackendFactory make_backend)
+    : model_(edge_model), options_(std::move(options)), make_backend_(std::move(make_backend)) {
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+UiServer::~UiServer() {
+  {
+    std::lock_guard lock(mutex_);
+    quit_ = true;
+  }
+  stop_requested_ = true;
+  wake_.notify_all();
+  worker_.join();
+}
+
+void UiServer::handle(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  const std::string& path = request.path;
+  if (path.rfind("/api/", 0) != 0) {
+    if (request.method != "GET") {
+      return send_error(*responder, 405, "method_not_allowed", "the page is read with GET");
+    }
+    return serve_asset(request, *responder);
+  }
+  const bool get = request.method == "GET", post = request.method == "POST";
+  if (post) {
+    if (const std::string refused = cross_site_refusal(request); !refused.empty()) {
+      return send_error(*responder, 403, "forbidden", refused);
+    }
+  }
+  if (path == "/api/info" && get) return send_json(*responder, 200, info());
+  if (path == "/api/turns" && get) return send_json(*responder, 200, turns_json());
+  if (path == "/api/generate" && post) return start_turn(request, responder);
+  if (path == "/api/stop" && post) {
+    bool running;
+    {
+      std::lock_guard lock(mutex_);
+      running = busy_;
+    }
+    if (running) stop_requested_ = true;
+    return send_json(*responder, 200, {{"stopping", running}});
+  }
+  // /api/turns/ID/events
+  const std::string prefix = "/api/turns/", suffix = "/events";
+  if (get && path.rfind(prefix, 0) == 0 && path.size() > prefix.size() + suffix.size() &&
+      path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    const std::string id = path.substr(prefix.size(), path.size() - prefix.size() - suffix.size());
+    const auto after = query_number(request.query, "after");
+    if (id.empty() || id.size() > 18 || id.find_first_not_of("0123456789") != std::string::npos) {
+      return send_error(*responder, 404, "not_found", "no turn '" + id + "'");
+    }
+    if (!after)
+      return send_error(*responder, 400, "bad_request", "after: expected a count", "after");
+    return attach(std::stoull(id), *after, responder);
+  }
+  const bool known =
+      path == "/api/info" || path == "/api/turns" || path == "/api/generate" || path == "/api/stop";
+  if (known) return send_error(*responder, 405, "method_not_allowed", request.method + " " + path);
+  send_error(*responder, 404, "not_found", "no endpoint " + path);
+}
+
+void UiServer::serve_asset(const HttpRequest& request, Responder& responder) const {
+  const EmbeddedAsset* asset = find_asset(request.path);
+  if (!asset) return send_error(responder, 404, "not_found", "no page " + request.path);
+  // no-cache: a rebuilt binary's page is picked up on reload.
+  responder.send(200, asset->content_type, std::string(asset->data, asset->size),
+                 {{"Cache-Control", "no-cache"}, {"X-Content-Type-Options", "nosniff"}});
+}
+
+json UiServer::info() const {
+  const GenerateRequest& d = options_.defaults;
+  json defaults = {{"mode", edge_mode_name(d.mode)},
+                   {"policy", router_policy_name(d.router.policy)},
+                   {"threshold", d.router.threshold},
+                   {"n_predict", d.n_predict},
+                   {"temp", d.temp}};
+  if (d.router.target_rate) defaults["target_rate"] = *d.router.target_rate;
+  if (d.router.policy == RouterPolicy::Random) defaults["target_rate"] = d.router.random_rate;
+  std::lock_guard lock(mutex_);
+  return {{"model", options_.model_name},
+          {"cloud", options_.cloud_url},
+          {"cloud_api", options_.cloud_api},
+          {"defaults", defaults},
+          {"limits",
+           {{"max_predict", options_.limits.max_predict},
+            {"max_prompt_bytes", options_.limits.max_prompt_bytes},
+            {"entropy_threshold_max", threshold_range(RouterPolicy::Entropy).second}}},
+          {"busy", busy_},
+          {"turn", turns_.empty() ? json(nullptr) : json(turns_.back()->id)}};
+}
+
+json UiServer::turns_json() const {
+  std::lock_guard lock(mutex_);
+  json out = json::array();
+  for (const auto& t : turns_) {
+    out.push_back({{"id", t->id}, {"finished", t->finished}, {"events", t->events}});
+  }
+  return {{"busy", busy_}, {"turns", out}};
+}
+
+void UiServer::start_turn(const HttpRequest& request, const std::shared_ptr<Responder>& responder) {
+  GenerateRequest parsed;
+  try {
+    parsed = parse_generate_request(request.body, options_.defaults, options_.limits);
+  } catch (const RequestError& e) {
+    return send_error(*responder, 400, "bad_request", e.problem(), e.field());
+  }
+  std::lock_guard lock(mutex_);
+  if (busy_) {
+    return send_error(*responder, 409, "busy",
+                      "a generation is running (one at a time): stop it or wait for it");
+  }
+  auto turn = std::make_shared<Turn>();
+  turn->id = next_turn_id_++;
+  turn->request = std::move(parsed);
+  responder->start_stream(200, "text/event-stream", {{"X-Accel-Buffering", "no"}});
+  turn->streams.push_back(responder);
+  turns_.push_back(turn);
+  while (turns_.size() > options_.limits.kept_turns) turns_.pop_front();
+  pending_ = turn;
+  busy_ = true;
+  stop_requested_ = false;
+  wake_.notify_all();
+}
+
+void UiServer::attach(uint64_t turn_id, size_t after, const std::shared_ptr<Responder>& responder) {
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<Turn> turn;
+  for (const auto& t : turns_) {
+    if (t->id == turn_id) turn = t;
+  }
+  if (!turn) {
+    return send_error(*responder, 404, "not_found", "no turn " + std::to_string(turn_id));
+  }
+  responder->start_stream(200, "text/event-stream", {{"X-Accel-Buffering", "no"}});
+  for (size_t i = after; i < turn->events.size(); ++i) {
+    responder->write(sse_event(turn->events[i]["type"].get<std::string>(), i, turn->events[i]));
+  }
+  if (turn->finished) return responder->end();
+  turn->streams.push_back(responder);
+}
+
+void UiServer::publish(Turn& turn, json event) {
+  const std::string type = event["type"].get<std::string>();
+  const bool last = type == "done" || type == "error";
+  // The event joins the log and the streams are listed under the lock; the writes happen outside
+  // it, so a slow stream never holds up a request. A stream attached in between has replayed
+  // this event from the log already and is not in the list.
+  std::vector<std::shared_ptr<Responder>> streams;
+  std::string text;
+  {
+    std::lock_guard lock(mutex_);
+    text = sse_event(type, turn.events.size(), event);
+    turn.events.push_back(std::move(event));
+    streams = turn.streams;
+    if (last) {
+      turn.finished = true;
+      turn.streams.clear();
+    }
+  }
+  std::vector<Responder*> gone;
+  for (const auto& s : streams) {
+    if (!s->write(text)) gone.push_back(s.get());
+    if (last) s->end();
+  }
+  // A stream whose browser went away is dropped; the turn goes on for a reconnecting page.
+  if (!gone.empty() && !last) {
+    std::lock_guard lock(mutex_);
+    std::erase_if(turn.streams, [&](const auto& s) {
+      return std::find(gone.begin(), gone.end(), s.get()) != gone.end();
+    });
+  }
+}
+
+void UiServer::worker_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return quit_ || pending_; });
+    if (quit_) break;
+    std::shared_ptr<Turn> turn = std::move(pending_);
+    pending_.reset();
+    lock.unlock();
+    try {
+      run_turn(*turn);
+    } catch (const std::exception& e) {
+      // Decoder errors (a prompt over the context, a refused cloud) end the turn, not the UI.
+      decoder_.reset();
+      decoder_key_.clear();
+      publish(*turn, {{"type", "error"}, {"turn", turn->id}, {"message", e.what()}});
+    }
+    lock.lock();
+    busy_ = false;
+  }
+  // Streams still open at shutdown get an end.
+  for (const auto& t : turns_) {
+    for (const auto& s : t->streams) s->end();
+    t->streams.clear();
+  }
+}
+
+std::string UiServer::prepare_decoder(const GenerateRequest& r) {
+  const RouterConfig& rc = r.router;
+  const std::string key = edge_mode_name(r.mode) + "|" + router_policy_name(rc.policy) + "|" +
+                          std::to_string(rc.threshold) + "|" +
+                          (rc.target_rate ? std::to_string(*rc.target_rate) : std::string("-")) +
+                          "|" + std::to_string(rc.random_rate) + "|" + std::to_string(r.temp);
+  if (decoder_ && key == decoder_key_) return cloud_line_;
+  decoder_.reset();  // closes the old cloud session before the new one opens
+  EdgeOptions o = options_.edge;
+  o.mode = r.mode;
+  o.router = rc;
+  o.sampling.temp = r.temp;
+  auto backend = r.mode == EdgeMode::Local ? nullptr : make_backend_();
+  decoder_ = std::make_unique<EdgeDecoder>(model_, o, std::move(backend));
+  decoder_key_ = key;
+  cloud_line_ = decoder_->start();
+  return cloud_line_;
+}
+
+void UiServer::run_turn(Turn& turn) {
+  const GenerateRequest& r = turn.request;
+  const Tokenizer& tok = model_.tokenizer();
+  const std::string cloud_line = prepare_decoder(r);
+
+  // A continued turn appends the new text to the whole conversation so far (the cloud session
+  // receives only the new tokens); otherwise the prompt starts a conversation of its own.
+  std::vector<TokenId> context;
+  if (r.continue_conversation && !conversation_.empty()) {
+    context = conversation_;
+    const auto more = tok.encode(r.prompt, false, false);
+    context.insert(context.end(), more.begin(), more.end());
+  } else {
+    context = tok.encode(r.prompt, true, false);
+  }
+  publish(turn,
+          {{"type", "start"},
+           {"turn", turn.id},
+           {"prompt", r.prompt},
+           {"mode", edge_mode_name(r.mode)},
+           {"policy", router_policy_name(r.router.policy)},
+           {"threshold", r.router.threshold},
+           {"target_rate", r.router.target_rate                      ? json(*r.router.target_rate)
+                           : r.router.policy == RouterPolicy::Random ? json(r.router.random_rate)
+                                                                     : json(nullptr)},
+           {"n_predict", r.n_predict},
+           {"continue", r.continue_conversation},
+           {"context_tokens", context.size()},
+           {"cloud", cloud_line}});
+
+  // Running counts, so the page's stats move with every token; the done event has the
+  // decoder's own figures.
+  int index = 0, cloud_tokens = 0, fallbacks = 0;
+  double ms_by_source[2] = {0, 0};
+  auto last = Clock::now();
+  const bool routed = r.mode == EdgeMode::Route;
+  // The threshold a token was decided against: the router's state before its decision, which
+  // is the state after the previous token (nothing moves the router in between).
+  double threshold_before = decoder_->router().threshold();
+  auto on_token = [&](const EdgeToken& t, std::string_view piece) {
+    const auto now = Clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - last).count();
+    last = now;
+    if (t.id < 0) {  // the tail of an incomplete UTF-8 character at the end
+      publish(turn, {{"type", "text"}, {"text", std::string(piece)}});
+      return true;
+    }
+    const bool cloud = t.source == TokenSource::Cloud;
+    cloud_tokens += cloud;
+    fallbacks += t.fallback;
+    ms_by_source[cloud] += ms;
+    json e = {{"type", "token"},
+              {"i", index++},
+              {"id", t.id},
+              {"text", piece},
+              {"source", cloud ? "cloud" : "local"},
+              {"ms", ms},
+              {"fallback", t.fallback},
+              {"cloud_tokens", cloud_tokens},
+              {"fallbacks", fallbacks},
+              {"local_ms", ms_by_source[0]},
+              {"cloud_ms", ms_by_source[1]}};
+    if (routed) {
+      e["score"] = t.score;
+      e["threshold"] = std::isfinite(threshold_before) ? json(threshold_before) : json(nullptr);
+      threshold_before = decoder_->router().threshold();
+    }
+    if (t.edge_top1 >= 0) {
+      e["edge_top1"] = {{"id", t.edge_top1}, {"text", tok.token_to_piece(t.edge_top1)}};
+    }
+    publish(turn, std::move(e));
+    return !stop_requested_.load();
+  };
+  const EdgeResult result = decoder_->generate(context, r.n_predict, on_token);
+  conversation_ = decoder_->history();
+
+  json stats = cli::edge_stats_json(result.stats);
+  publish(turn, {{"type", "done"},
+                 {"stop", cli::stop_reason_name(result.stop)},
+                 {"text", result.text},
+                 {"stats", stats},
+                 {"cloud_unavailable", r.mode != EdgeMode::Local && (result.stats.fallbacks > 0 ||
+                                                                     result.stats.cloud_lost)}});
+}
+
+}  // namespace tandem::ui

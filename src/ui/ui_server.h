@@ -1,0 +1,145 @@
+// The server behind `tandem ui`: serves the embedded page and runs the edge decoder for it.
+//
+//   GET  /, /ui.css, /ui.js          the page (embedded at build time)
+//   GET  /api/info                   model, cloud, defaults, limits, whether a turn is running
+//   POST /api/generate               {"prompt", "mode", "policy", "threshold" | "target_rate",
+//                                     "n_predict", "temp", "continue"} -> server-sent events:
+//                                     start, token..., done (or error); 400 names a bad field,
+//                                     409 while another turn runs (one at a time per process)
+//   POST /api/stop                   stops the running turn at its next token
+//   (POSTs need Content-Type: application/json and no foreign Origin: 403 otherwise)
+//   GET  /api/turns                  every kept turn with its events (a reloaded page redraws)
+//   GET  /api/turns/ID/events?after=N  the turn's events after the N-th, then live ones
+//
+// One worker thread decodes; the HTTP threads only parse, queue and copy events to the streams.
+// A turn goes on when its browser goes away, and a reconnecting page picks it up again.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "server/http_server.h"
+#include "tandem/client.h"
+#include "tandem/engine.h"
+
+namespace tandem::ui {
+
+// A request field that is missing, of the wrong type or out of range: answered 400 with the
+// field's name.
+class RequestError : public std::invalid_argument {
+ public:
+  RequestError(std::string field, std::string problem)
+      : std::invalid_argument(field + ": " + problem),
+        field_(std::move(field)),
+        problem_(std::move(problem)) {}
+  const std::string& field() const { return field_; }
+  const std::string& problem() const { return problem_; }  // what() without the field
+
+ private:
+  std::string field_, problem_;
+};
+
+struct UiLimits {
+  int max_predict = 1024;
+  size_t max_prompt_bytes = 32 * 1024;
+  size_t kept_turns = 32;  // turns /api/turns keeps for a reloaded page
+};
+
+// What a page asks for; fields it leaves out take the command line's values.
+struct GenerateRequest {
+  std::string prompt;
+  EdgeMode mode = EdgeMode::Route;
+  RouterConfig router;
+  int n_predict = 64;
+  float temp = 0;
+  bool continue_conversation = false;
+};
+
+// Parses and checks a POST /api/generate body. Throws RequestError naming the field.
+GenerateRequest parse_generate_request(std::string_view body, const GenerateRequest& defaults,
+                                       const UiLimits& limits);
+
+// Why a POST is refused as possibly sent by another site's page (empty: accepted): it must say
+// Content-Type: application/json, and an Origin, when sent, must be this server's own host.
+std::string cross_site_refusal(const server::HttpRequest& request);
+
+// One server-sent event: "id: ID\nevent: TYPE\ndata: JSON\n\n".
+std::string sse_event(std::string_view type, uint64_t id, const nlohmann::json& data);
+
+struct UiOptions {
+  EdgeOptions edge;  // mode, router and temperature are replaced per request
+  GenerateRequest defaults;
+  UiLimits limits;
+  std::string model_name, cloud_url, cloud_api;
+};
+
+class UiServer {
+ public:
+  // Makes a fresh cloud backend for a new decoder (null: no cloud, decode locally).
+  using BackendFactory = std::function<std::unique_ptr<CloudBackend>()>;
+
+  UiServer(const Model& edge_model, UiOptions options, BackendFactory make_backend);
+  ~UiServer();  // stops a running turn and joins the worker
+  UiServer(const UiServer&) = delete;
+  UiServer& operator=(const UiServer&) = delete;
+
+  void handle(const server::HttpRequest& request, std::shared_ptr<server::Responder> responder);
+
+ private:
+  struct Turn {
+    uint64_t id = 0;
+    GenerateRequest request;
+    std::vector<nlohmann::json> events;  // each {"type", ...}; the last of a finished turn is
+                                         // "done" or "error"
+    bool finished = false;
+    std::vector<std::shared_ptr<server::Responder>> streams;
+  };
+
+  void serve_asset(const server::HttpRequest& request, server::Responder& responder) const;
+  void start_turn(const server::HttpRequest& request,
+                  const std::shared_ptr<server::Responder>& responder);
+  void attach(uint64_t turn_id, size_t after, const std::shared_ptr<server::Responder>& responder);
+  nlohmann::json info() const;
+  nlohmann::json turns_json() const;
+
+  void worker_loop();
+  void run_turn(Turn& turn);
+  // Makes the decoder for the request's settings, reusing the last one when they are the same
+  // (its cloud session and target-rate controller carry over). Returns the cloud line.
+  std::string prepare_decoder(const GenerateRequest& request);
+  void publish(Turn& turn, nlohmann::json event);
+
+  const Model& model_;
+  UiOptions options_;
+  BackendFactory make_backend_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Turn>> turns_;  // oldest first, at most limits.kept_turns
+  std::shared_ptr<Turn> pending_;            // queued for the worker
+  bool busy_ = false;                        // a turn is queued or running
+  bool quit_ = false;
+  uint64_t next_turn_id_ = 1;
+  std::atomic<bool> stop_requested_{false};
+
+  // Worker thread only.
+  std::unique_ptr<EdgeDecoder> decoder_;
+  std::string decoder_key_, cloud_line_;
+  std::vector<TokenId> conversation_;
+
+  std::thread worker_;
+};
+
+}  // namespace tandem::ui

@@ -1,0 +1,441 @@
+// tandem ui's server without sockets: request parsing, the SSE framing, and the handler driven
+// with a recording Responder over a tiny test model (local mode, and route mode against a cloud
+// that refuses connections). The browser test (test_ui_browser.py) covers the real page.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/testdata.h"
+#include "tandem/client.h"
+#include "tandem/engine.h"
+#include "ui/assets.h"
+#include "ui/ui_server.h"
+
+namespace tandem::ui {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+// ---- parsing ----
+
+std::string field_of_error(const std::string& body) {
+  try {
+    parse_generate_request(body, GenerateRequest{}, UiLimits{});
+  } catch (const RequestError& e) {
+    return e.field();
+  }
+  return "(accepted)";
+}
+
+TEST(UiRequest, BadInputNamesTheField) {
+  EXPECT_EQ(field_of_error("{not json"), "body");
+  EXPECT_EQ(field_of_error("[1,2]"), "body");
+  EXPECT_EQ(field_of_error(R"({})"), "prompt");
+  EXPECT_EQ(field_of_error(R"({"prompt": ""})"), "prompt");
+  EXPECT_EQ(field_of_error(R"({"prompt": 3})"), "prompt");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "mode": "teleport"})"), "mode");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "policy": "coin"})"), "policy");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "threshold": 1.5})"), "threshold");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "threshold": "high"})"), "threshold");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "target_rate": -0.1})"), "target_rate");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "threshold": 0.5, "target_rate": 0.5})"),
+            "target_rate");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "n_predict": 0})"), "n_predict");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "n_predict": 2.5})"), "n_predict");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "n_predict": 100000})"), "n_predict");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "temp": 9})"), "temp");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "continue": "yes"})"), "continue");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "treshold": 0.5})"), "treshold");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "": 1})"), "\"\"");  // found by fuzz_ui_request
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "threshold": 0.5})"), "(accepted)");
+}
+
+TEST(UiRequest, FieldsOverrideTheDefaults) {
+  GenerateRequest defaults;
+  defaults.mode = EdgeMode::Local;
+  defaults.n_predict = 7;
+  defaults.router.random_seed = 42;
+  const UiLimits limits;
+  auto r = parse_generate_request(R"({"prompt": "hi"})", defaults, limits);
+  EXPECT_EQ(r.prompt, "hi");
+  EXPECT_EQ(r.mode, EdgeMode::Local);
+  EXPECT_EQ(r.n_predict, 7);
+
+  r = parse_generate_request(
+      R"({"prompt": "hi", "mode": "route", "policy": "entropy", "threshold": 3.5, "n_predict": 9,
+          "temp": 0.7, "continue": true})",
+      defaults, limits);
+  EXPECT_EQ(r.mode, EdgeMode::Route);
+  EXPECT_EQ(r.router.policy, RouterPolicy::Entropy);
+  EXPECT_DOUBLE_EQ(r.router.threshold, 3.5);  // entropy is in nats: over 1 is fine
+  EXPECT_FALSE(r.router.target_rate.has_value());
+  EXPECT_EQ(r.n_predict, 9);
+  EXPECT_FLOAT_EQ(r.temp, 0.7f);
+  EXPECT_TRUE(r.continue_conversation);
+
+  r = parse_generate_request(R"({"prompt": "hi", "policy": "margin", "target_rate": 0.25})",
+                             defaults, limits);
+  ASSERT_TRUE(r.router.target_rate.has_value());
+  EXPECT_DOUBLE_EQ(*r.router.target_rate, 0.25);
+
+  // The random policy's rate is the share itself; its seed stays the command line's.
+  r = parse_generate_request(R"({"prompt": "hi", "policy": "random", "target_rate": 0.3})",
+                             defaults, limits);
+  EXPECT_EQ(r.router.policy, RouterPolicy::Random);
+  EXPECT_DOUBLE_EQ(r.router.random_rate, 0.3);
+  EXPECT_FALSE(r.router.target_rate.has_value());
+  EXPECT_EQ(r.router.random_seed, 42u);
+}
+
+TEST(UiSse, OneEventPerBlock) {
+  const std::string e = sse_event("token", 3, json{{"text", "a\nb"}, {"x", 1}});
+  EXPECT_EQ(e, "id: 3\nevent: token\ndata: {\"text\":\"a\\nb\",\"x\":1}\n\n");
+  // Invalid UTF-8 in a piece does not throw.
+  EXPECT_NO_THROW(sse_event("token", 0, json{{"text", std::string("\xe6\x97", 2)}}));
+}
+
+TEST(UiAssets, PageIsEmbedded) {
+  const EmbeddedAsset* index = find_asset("/");
+  ASSERT_NE(index, nullptr);
+  EXPECT_NE(std::string(index->content_type).find("text/html"), std::string::npos);
+  const std::string html(index->data, index->size);
+  EXPECT_NE(html.find("/ui.js"), std::string::npos);
+  ASSERT_NE(find_asset("/ui.js"), nullptr);
+  ASSERT_NE(find_asset("/ui.css"), nullptr);
+  EXPECT_EQ(find_asset("/../CMakeLists.txt"), nullptr);
+}
+
+// ---- the handler ----
+
+// Records what the handler answers; write() can be held closed to keep a turn running.
+class RecordingResponder : public server::Responder {
+ public:
+  void send(int status, const std::string& type, std::string body,
+            const server::HeaderList&) override {
+    std::lock_guard lock(mutex_);
+    status_ = status;
+    content_type_ = type;
+    body_ = std::move(body);
+    finished_ = true;
+    changed_.notify_all();
+  }
+  void start_stream(int status, const std::string& type, const server::HeaderList&) override {
+    std::lock_guard lock(mutex_);
+    status_ = status;
+    content_type_ = type;
+  }
+  bool write(std::string chunk) override {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return open_; });
+    body_ += chunk;
+    changed_.notify_all();
+    return true;
+  }
+  void end() override {
+    std::lock_guard lock(mutex_);
+    finished_ = true;
+    changed_.notify_all();
+  }
+  bool alive() const override { return true; }
+
+  void hold() { open_ = false; }
+  void release() {
+    std::lock_guard lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  // Waits (bounded) for the answer to end.
+  bool wait_finished(std::chrono::seconds limit = 60s) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, limit, [&] { return finished_; });
+  }
+  int status() {
+    std::lock_guard lock(mutex_);
+    return status_;
+  }
+  std::string body() {
+    std::lock_guard lock(mutex_);
+    return body_;
+  }
+  json body_json() { return json::parse(body(), nullptr, false); }
+  // The SSE body as {type, data} pairs.
+  std::vector<std::pair<std::string, json>> events() {
+    std::vector<std::pair<std::string, json>> out;
+    const std::string b = body();
+    size_t pos = 0;
+    while (true) {
+      const size_t end = b.find("\n\n", pos);
+      if (end == std::string::npos) break;
+      const std::string block = b.substr(pos, end - pos);
+      pos = end + 2;
+      const size_t t = block.find("event: "), d = block.find("data: ");
+      if (t == std::string::npos || d == std::string::npos) continue;
+      out.emplace_back(block.substr(t + 7, block.find('\n', t) - t - 7),
+                       json::parse(block.substr(d + 6)));
+    }
+    return out;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int status_ = 0;
+  std::string content_type_, body_;
+  bool finished_ = false;
+  bool open_ = true;
+};
+
+server::HttpRequest request(const std::string& method, const std::string& target,
+                            const std::string& body = "") {
+  server::HttpRequest r;
+  r.method = method;
+  const size_t q = target.find('?');
+  r.path = target.substr(0, q);
+  if (q != std::string::npos) r.query = target.substr(q + 1);
+  r.body = body;
+  r.headers["host"] = "127.0.0.1:8090";
+  if (method == "POST") r.headers["content-type"] = "application/json";
+  return r;
+}
+
+class UiServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = Model::load(testing::testdata_path("models/synth-llama-Q4_K_M.gguf")).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+
+  std::unique_ptr<UiServer> make_server(const std::string& cloud_url = "") {
+    UiOptions o;
+    o.edge.context = {.n_ctx = 256, .n_seq = 1, .n_threads = 1};
+    o.edge.cloud_timeout_s = 2;
+    o.edge.backoff_initial_s = 0.01;
+    o.edge.backoff_max_s = 0.05;
+    o.defaults.mode = EdgeMode::Local;
+    o.defaults.n_predict = 8;
+    o.model_name = "synth";
+    o.cloud_url = cloud_url;
+    UiServer::BackendFactory factory = [cloud_url]() -> std::unique_ptr<CloudBackend> {
+      if (cloud_url.empty()) return nullptr;
+      CloudOptions c;
+      c.url = cloud_url;
+      c.timeout_s = 2;
+      return make_cloud_backend(c, *model_);
+    };
+    return std::make_unique<UiServer>(*model_, o, factory);
+  }
+
+  std::shared_ptr<RecordingResponder> call(UiServer& ui, const std::string& method,
+                                           const std::string& target,
+                                           const std::string& body = "") {
+    auto r = std::make_shared<RecordingResponder>();
+    ui.handle(request(method, target, body), r);
+    return r;
+  }
+
+  // The worker clears `busy` just after a turn's last event: wait for it before the next POST.
+  void wait_idle(UiServer& ui) {
+    for (int i = 0; i < 500 && call(ui, "GET", "/api/info")->body_json()["busy"] == true; ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+
+  static Model* model_;
+};
+Model* UiServerTest::model_ = nullptr;
+
+TEST_F(UiServerTest, ServesThePageAndAnswersUnknownPaths) {
+  auto ui = make_server();
+  auto page = call(*ui, "GET", "/");
+  EXPECT_EQ(page->status(), 200);
+  EXPECT_NE(page->body().find("<html"), std::string::npos);
+  EXPECT_EQ(call(*ui, "GET", "/nothing.js")->status(), 404);
+  EXPECT_EQ(call(*ui, "GET", "/api/nothing")->status(), 404);
+  EXPECT_EQ(call(*ui, "GET", "/api/generate")->status(), 405);
+  EXPECT_EQ(call(*ui, "POST", "/index.html")->status(), 405);
+  auto info = call(*ui, "GET", "/api/info")->body_json();
+  EXPECT_EQ(info["model"], "synth");
+  EXPECT_EQ(info["defaults"]["mode"], "local");
+  EXPECT_EQ(info["busy"], false);
+}
+
+TEST_F(UiServerTest, BadRequestIs400NamingTheField) {
+  auto ui = make_server();
+  auto r = call(*ui, "POST", "/api/generate", R"({"prompt": "x", "mode": "warp"})");
+  EXPECT_EQ(r->status(), 400);
+  EXPECT_EQ(r->body_json()["error"]["field"], "mode");
+  r = call(*ui, "POST", "/api/generate", R"({"prompt": "x", "threshold": 7})");
+  EXPECT_EQ(r->status(), 400);
+  EXPECT_EQ(r->body_json()["error"]["field"], "threshold");
+  EXPECT_EQ(r->body_json()["error"]["message"], "is 7, outside [0, 1]");
+  EXPECT_EQ(call(*ui, "GET", "/api/turns/1/events?after=x")->status(), 400);
+  EXPECT_EQ(call(*ui, "GET", "/api/turns/99/events")->status(), 404);
+}
+
+TEST_F(UiServerTest, PostsFromOtherSitesAreRefused) {
+  auto ui = make_server();
+  auto post = [&](const std::string& content_type, const std::string& origin) {
+    server::HttpRequest req = request("POST", "/api/stop", "{}");
+    req.headers["content-type"] = content_type;
+    if (!origin.empty()) req.headers["origin"] = origin;
+    auto r = std::make_shared<RecordingResponder>();
+    ui->handle(req, r);
+    return r->status();
+  };
+  EXPECT_EQ(post("application/json", ""), 200);
+  EXPECT_EQ(post("application/json", "http://127.0.0.1:8090"), 200);
+  // A form or a plain fetch from another page (no preflight) and another origin are refused.
+  EXPECT_EQ(post("text/plain", ""), 403);
+  EXPECT_EQ(post("", ""), 403);
+  EXPECT_EQ(post("application/json", "http://evil.example"), 403);
+  EXPECT_EQ(post("application/json", "http://127.0.0.1:9999"), 403);
+  EXPECT_EQ(call(*ui, "HEAD", "/")->status(), 405);
+}
+
+TEST_F(UiServerTest, LocalTurnStreamsTokensThenStats) {
+  auto ui = make_server();
+  auto r = call(*ui, "POST", "/api/generate",
+                R"({"prompt": "The capital of France is", "mode": "local", "n_predict": 6})");
+  ASSERT_TRUE(r->wait_finished());
+  EXPECT_EQ(r->status(), 200);
+  const auto events = r->events();
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.front().first, "start");
+  EXPECT_EQ(events.front().second["mode"], "local");
+  EXPECT_EQ(events.back().first, "done");
+  const json& done = events.back().second;
+  int tokens = 0;
+  std::string text;
+  for (const auto& [type, data] : events) {
+    if (type == "token") {
+      EXPECT_EQ(data["source"], "local");
+      EXPECT_EQ(data["i"], tokens);
+      ++tokens;
+    }
+    if (type == "token" || type == "text") text += data["text"].get<std::string>();
+  }
+  EXPECT_EQ(done["stats"]["tokens"], tokens);
+  EXPECT_EQ(done["text"], text);
+  EXPECT_EQ(done["stats"]["cloud_tokens"], 0);
+  EXPECT_EQ(done["cloud_unavailable"], false);
+
+  // A page that reconnects gets the kept events again, from any point.
+  auto replay = call(*ui, "GET", "/api/turns/1/events?after=1");
+  ASSERT_TRUE(replay->wait_finished());
+  const auto again = replay->events();
+  ASSERT_EQ(again.size(), events.size() - 1);
+  EXPECT_EQ(again.back().second, done);
+  const json turns = call(*ui, "GET", "/api/turns")->body_json();
+  ASSERT_EQ(turns["turns"].size(), 1u);
+  EXPECT_EQ(turns["turns"][0]["events"].size(), events.size());
+  EXPECT_EQ(turns["turns"][0]["finished"], true);
+
+  // A continued turn's context is the whole conversation plus the new text (no second BOS);
+  // a fresh one is just its own prompt.
+  const int first_context = events.front().second["context_tokens"];
+  wait_idle(*ui);
+  auto next = call(*ui, "POST", "/api/generate",
+                   R"({"prompt": " and", "mode": "local", "n_predict": 2, "continue": true})");
+  ASSERT_TRUE(next->wait_finished());
+  const int continued = next->events().front().second["context_tokens"];
+  wait_idle(*ui);
+  auto fresh =
+      call(*ui, "POST", "/api/generate", R"({"prompt": " and", "mode": "local", "n_predict": 2})");
+  ASSERT_TRUE(fresh->wait_finished());
+  const int alone = fresh->events().front().second["context_tokens"];
+  EXPECT_EQ(continued, first_context + tokens + alone - 1);
+}
+
+TEST_F(UiServerTest, SecondTurnWhileOneRunsIs409AndStopEndsTheFirst) {
+  auto ui = make_server();
+  auto first = std::make_shared<RecordingResponder>();
+  first->hold();  // the worker blocks on its first event until released
+  ui->handle(request("POST", "/api/generate", R"({"prompt": "Once upon", "n_predict": 200})"),
+             first);
+  auto second = call(*ui, "POST", "/api/generate", R"({"prompt": "again"})");
+  EXPECT_EQ(second->status(), 409);
+  EXPECT_EQ(second->body_json()["error"]["code"], "busy");
+  EXPECT_EQ(call(*ui, "GET", "/api/info")->body_json()["busy"], true);
+  auto stop = call(*ui, "POST", "/api/stop");
+  EXPECT_EQ(stop->body_json()["stopping"], true);
+  first->release();
+  ASSERT_TRUE(first->wait_finished());
+  const auto events = first->events();
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().first, "done");
+  EXPECT_EQ(events.back().second["stop"], "stopped");
+  EXPECT_EQ(events.back().second["stats"]["tokens"], 1);  // stopped at its first token
+  wait_idle(*ui);
+  auto third = call(*ui, "POST", "/api/generate", R"({"prompt": "again", "n_predict": 2})");
+  ASSERT_TRUE(third->wait_finished());
+  EXPECT_EQ(third->events().back().second["stats"]["tokens"], 2);
+}
+
+TEST_F(UiServerTest, PromptOverTheContextEndsTheTurnWithAnError) {
+  auto ui = make_server();
+  std::string words;
+  for (int i = 0; i < 600; ++i) words += "word ";  // over the test's n_ctx of 256
+  auto r = call(*ui, "POST", "/api/generate", json{{"prompt", words}}.dump());
+  ASSERT_TRUE(r->wait_finished());
+  const auto events = r->events();
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().first, "error");
+  EXPECT_EQ(events.back().second["turn"], 1);
+  EXPECT_NE(events.back().second["message"].get<std::string>().find("context"), std::string::npos);
+  wait_idle(*ui);  // the UI goes on
+  auto next = call(*ui, "POST", "/api/generate", R"({"prompt": "Hello", "n_predict": 3})");
+  ASSERT_TRUE(next->wait_finished());
+  EXPECT_EQ(next->events().back().second["stats"]["tokens"], 3);
+}
+
+TEST_F(UiServerTest, DeadCloudFallsBackAndSaysSo) {
+  // Port 1 on loopback: nothing listens, the connection is refused at once.
+  auto ui = make_server("http://127.0.0.1:1");
+  auto r = call(*ui, "POST", "/api/generate",
+                R"({"prompt": "Hello", "mode": "route", "policy": "always", "n_predict": 5})");
+  ASSERT_TRUE(r->wait_finished());
+  const auto events = r->events();
+  ASSERT_EQ(events.back().first, "done");
+  EXPECT_NE(events.front().second["cloud"].get<std::string>().find("unavailable"),
+            std::string::npos);
+  int fallbacks = 0;
+  for (const auto& [type, data] : events) {
+    if (type != "token") continue;
+    EXPECT_EQ(data["source"], "local");
+    EXPECT_EQ(data["fallback"], true);
+    EXPECT_GT(data["score"].get<double>(), data["threshold"].get<double>());
+    ++fallbacks;
+  }
+  EXPECT_EQ(fallbacks, 5);
+  EXPECT_EQ(events.back().second["stats"]["fallbacks"], 5);
+  EXPECT_EQ(events.back().second["cloud_unavailable"], true);
+
+  // The other cloud modes (a new decoder each, as the settings change) fall back the same way;
+  // they have no router score.
+  for (const char* mode : {"speculative", "cloud"}) {
+    wait_idle(*ui);
+    auto m = call(*ui, "POST", "/api/generate",
+                  json{{"prompt", "Hello"}, {"mode", mode}, {"n_predict", 4}}.dump());
+    ASSERT_TRUE(m->wait_finished());
+    const auto ev = m->events();
+    ASSERT_EQ(ev.back().first, "done") << mode;
+    EXPECT_EQ(ev.front().second["mode"], mode);
+    EXPECT_EQ(ev.back().second["stats"]["fallbacks"], 4) << mode;
+    for (const auto& [type, data] : ev) {
+      if (type == "token") {
+        EXPECT_FALSE(data.contains("score")) << mode;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::ui
