@@ -122,9 +122,6 @@ struct CloudOptions {
 std::unique_ptr<CloudBackend> make_cloud_backend(const CloudOptions& options,
                                                  const Model& edge_model);
 
-// The vocabulary fingerprint as the server reports it: 16 lowercase hex digits.
-std::string vocab_hash_hex(uint64_t fingerprint);
-
 // ---- the edge decoder ----
 
 enum class EdgeMode { Local, Route, Speculative, Cloud };

@@ -245,7 +245,7 @@ class EvalCommand : public Command {
                        {"header", task.header}};
     results["edge"] = {{"path", model_},
                        {"name", model->info().name},
-                       {"vocab_hash", vocab_hash_hex(tok.fingerprint())},
+                       {"vocab_hash", tok.fingerprint_hex()},
                        {"file_bytes", model->info().file_bytes}};
     results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}, {"rtt_ms_added", rtt_ms_}};
     results["machine"] = machine_description();

@@ -97,7 +97,7 @@ class NativeBackend : public CloudBackend {
                                                             .api_key = options.api_key}),
         edge_name_(edge_model_name(edge)),
         edge_n_vocab_(edge.tokenizer().n_vocab()),
-        edge_hash_(vocab_hash_hex(edge.tokenizer().fingerprint())) {}
+        edge_hash_(edge.tokenizer().fingerprint_hex()) {}
 
   std::string name() const override {
     return "tandem " + http_.url().origin() + http_.url().prefix;
@@ -403,12 +403,6 @@ class NativeBackend : public CloudBackend {
 // stateless_backend.cpp
 std::unique_ptr<CloudBackend> make_stateless_backend(const CloudOptions& options,
                                                      const Model& edge_model);
-
-std::string vocab_hash_hex(uint64_t fingerprint) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64, fingerprint);
-  return buf;
-}
 
 std::unique_ptr<CloudBackend> make_cloud_backend(const CloudOptions& options,
                                                  const Model& edge_model) {

@@ -59,7 +59,7 @@ class StatelessBackend : public CloudBackend {
     if (r.status == 401 || r.status == 403) throw status_error(r, parse(r, ""), "POST /tokenize");
     if (r.status == 200) {
       const json j = parse(r, "POST /tokenize");
-      const std::string edge_hash = vocab_hash_hex(tok_.fingerprint());
+      const std::string edge_hash = tok_.fingerprint_hex();
       if (j.contains("vocab_hash") && j["vocab_hash"].is_string()) {
         info.vocab_hash = j["vocab_hash"].get<std::string>();
         if (info.vocab_hash != edge_hash) {

@@ -964,12 +964,6 @@ class CompletionJob : public Job {
   bool streamed_ = false;
 };
 
-std::string hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 bool constant_time_equal(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   const size_t n = std::max(a.size(), b.size());
@@ -1001,7 +995,7 @@ struct Api::Impl {
         options(o),
         model(s.model()),
         tok(s.model().tokenizer()),
-        vocab_hash(hex16(tok.fingerprint())) {
+        vocab_hash(tok.fingerprint_hex()) {
     const ModelInfo& info = model.info();
     model_json = {{"name", options.model_name}, {"arch", info.arch}, {"n_vocab", info.n_vocab},
                   {"vocab_hash", vocab_hash},   {"bos", tok.bos()},  {"eos", tok.eos()},

@@ -924,6 +924,12 @@ TokenId Tokenizer::find_token(std::string_view text) const {
   return impl_->text_to_token(text);
 }
 
+std::string Tokenizer::fingerprint_hex() const {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fingerprint()));
+  return buf;
+}
+
 uint64_t Tokenizer::fingerprint() const {
   const TokenizerImpl& v = *impl_;
   uint64_t h = 0xcbf29ce484222325ull;

@@ -83,6 +83,9 @@ class Tokenizer {
 
   // Stable 64-bit hash (FNV-1a) of the model kind, token texts and types, and special ids.
   uint64_t fingerprint() const;
+  // fingerprint() as 16 lowercase hex digits: the `vocab_hash` of the native protocol, of
+  // router files and of eval results.
+  std::string fingerprint_hex() const;
 
   const TokenizerImpl& impl() const { return *impl_; }
 

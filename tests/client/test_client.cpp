@@ -358,9 +358,12 @@ TEST(Signal, FromLogits) {
   EXPECT_NEAR(one.top_probs[0], 1.0, 1e-6);
 }
 
-TEST(VocabHash, SixteenLowercaseHexDigits) {
-  EXPECT_EQ(vocab_hash_hex(0x44cf87271e39ab39ull), "44cf87271e39ab39");
-  EXPECT_EQ(vocab_hash_hex(0xabcull), "0000000000000abc");
+TEST(VocabHash, SixteenLowercaseHexDigitsOfTheFingerprint) {
+  auto model = Model::load(testdata_path("models/synth-llama-Q8_0.gguf"));
+  const std::string hex = model->tokenizer().fingerprint_hex();
+  ASSERT_EQ(hex.size(), 16u);
+  EXPECT_EQ(hex.find_first_not_of("0123456789abcdef"), std::string::npos) << hex;
+  EXPECT_EQ(std::stoull(hex, nullptr, 16), model->tokenizer().fingerprint());
 }
 
 TEST(CloudApi, UnknownApiIsNamed) {
@@ -726,7 +729,7 @@ TEST_F(EdgeCloudTest, CloudBackAfterAnOutageResumesRouting) {
 }
 
 TEST_F(EdgeCloudTest, ShutdownDoesNotWaitForAHungCloud) {
-  const std::string hash = vocab_hash_hex(edge_model_->tokenizer().fingerprint());
+  const std::string hash = edge_model_->tokenizer().fingerprint_hex();
   BadCloud silent(BadCloud::Mode::Silent, hash, edge_model_->tokenizer().n_vocab());
   const auto t0 = std::chrono::steady_clock::now();
   {
@@ -744,7 +747,7 @@ TEST_F(EdgeCloudTest, ShutdownDoesNotWaitForAHungCloud) {
 }
 
 TEST_F(EdgeCloudTest, PositionMismatchIsResentFromTheServersPosition) {
-  BadCloud cloud(BadCloud::Mode::Conflict, vocab_hash_hex(edge_model_->tokenizer().fingerprint()),
+  BadCloud cloud(BadCloud::Mode::Conflict, edge_model_->tokenizer().fingerprint_hex(),
                  edge_model_->tokenizer().n_vocab());
   auto b = backend(cloud.url());
   b->connect();
@@ -773,7 +776,7 @@ TEST_F(EdgeCloudTest, OtherVocabularyIsRefusedNamingBoth) {
   BadCloud other(BadCloud::Mode::Garbage, "0123456789abcdef", 262144);
   EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route), backend(other.url()));
   expect_vocabulary_refused(edge, "synth-llama-Q4_K_M.gguf", "'bad'",
-                            vocab_hash_hex(edge_model_->tokenizer().fingerprint()));
+                            edge_model_->tokenizer().fingerprint_hex());
   EXPECT_EQ(other.steps(), 0);
 }
 
@@ -818,11 +821,11 @@ TEST_F(EdgeCloudTest, RealModelCloudIsRefusedByASyntheticEdge) {
   serve.start();
   EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route), backend(serve.url()));
   expect_vocabulary_refused(edge, "synth-llama-Q4_K_M.gguf", "gemma-3-270m",
-                            vocab_hash_hex(edge_model_->tokenizer().fingerprint()));
+                            edge_model_->tokenizer().fingerprint_hex());
 }
 
 TEST_F(EdgeCloudTest, MisbehavingCloudFallsBackWithoutCuttingTheAnswer) {
-  const std::string hash = vocab_hash_hex(edge_model_->tokenizer().fingerprint());
+  const std::string hash = edge_model_->tokenizer().fingerprint_hex();
   const int n_vocab = edge_model_->tokenizer().n_vocab();
   for (auto mode : {BadCloud::Mode::Garbage, BadCloud::Mode::Truncated, BadCloud::Mode::Status500,
                     BadCloud::Mode::Silent}) {
