@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "common/error.h"
+#include "router/router_file.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
 #include "tokenizer/chat_template.h"
@@ -105,7 +106,8 @@ class RunCommand : public Command {
                      "Router: confidence | entropy | margin | random:RATE[:SEED] | always | never")
         ->capture_default_str();
     sub_->add_option("--router", router_file_,
-                     "Trained router (GGUF) instead of --policy: not supported yet");
+                     "Trained router (GGUF, `tandem router train`) instead of --policy; "
+                     "--target-rate starts from its calibration table, --threshold is its score");
     auto* thr = sub_->add_option("--threshold", threshold_,
                                  "Route when the policy's score exceeds this (default per policy: "
                                  "confidence 0.5, entropy 2, margin 0.8)");
@@ -167,11 +169,6 @@ class RunCommand : public Command {
     } catch (const std::invalid_argument& e) {
       throw Error(e.what());
     }
-    if (!router_file_.empty()) {
-      throw Error("--router " + router_file_ +
-                  ": trained routers are not supported yet; use --policy "
-                  "confidence|entropy|margin|random:RATE|always|never");
-    }
     if (threshold_) opts_.router.threshold = *threshold_;
     if (target_rate_) opts_.router.target_rate = *target_rate_;
     if (opts_.mode != EdgeMode::Local && cloud_.url.empty()) {
@@ -187,6 +184,7 @@ class RunCommand : public Command {
 
     auto model = Model::load(model_);
     const Tokenizer& tok = model->tokenizer();
+    if (!router_file_.empty()) use_trained_router(*model);
     std::unique_ptr<CloudBackend> backend;
     if (opts_.mode != EdgeMode::Local) {
       try {
@@ -240,6 +238,24 @@ class RunCommand : public Command {
   }
 
  private:
+  // --router R.gguf: the mlp policy with the small model's hidden state in every signal. Without
+  // --threshold or --target-rate the threshold is the calibration's for a 7% cloud share.
+  void use_trained_router(const Model& model) {
+    router::RouterExpectations expect;
+    expect.vocab_hash = vocab_hash_hex(model.tokenizer().fingerprint());
+    expect.n_vocab = static_cast<uint32_t>(model.info().n_vocab);
+    expect.n_embd = model.info().n_embd;
+    expect.edge_path = model_;
+    const auto loaded = router::load_router(router_file_, expect);
+    RouterConfig& r = opts_.router;
+    r.policy = RouterPolicy::Mlp;
+    r.mlp = loaded.model;
+    r.threshold = threshold_ ? *threshold_ : loaded.model->threshold_for_share(0.07);
+    if (r.target_rate) r.prior_scores = loaded.model->prior_scores(r.window);
+    opts_.signal_hidden = true;
+    opts_.top_k_signal = std::max(opts_.top_k_signal, loaded.model->spec.top_k);
+  }
+
   int n_predict() const { return n_predict_ < 0 ? std::numeric_limits<int>::max() : n_predict_; }
 
   void show_prompt(std::span<const TokenId> ids) const {
