@@ -143,48 +143,80 @@ class RouterCollect {
       const std::vector<TokenId> chunk = text_chunk(all, id, L, tok);
       router::TraceSequence seq;
       seq.id = static_cast<uint64_t>(id);
-      run_chunk(
-          edge_ctx, chunk, first_position_, true,
-          [&](int i, std::span<const float> logits, std::span<const float> hidden) {
-            router::TraceRecord r;
-            r.position = i;
-            r.true_token = chunk[i + 1];
-            r.edge_top1 = argmax(logits);
-            r.edge_lp_true = log_prob(logits, chunk[i + 1]);
-            const RouterSignal s = router_signal_from_logits(logits, i, top_k_);
-            r.entropy = s.entropy;
-            r.margin = s.margin;
-            for (float p : s.top_probs) r.log_top.push_back(std::log(p));
-            r.hidden.assign(hidden.begin(), hidden.end());
-            seq.records.push_back(std::move(r));
-          },
-          kMaxRows);
-      if (cloud_ctx) {
-        run_chunk(
-            *cloud_ctx, chunk, first_position_, false,
-            [&](int i, std::span<const float> logits, std::span<const float>) {
-              router::TraceRecord& r = seq.records[i - first_position_];
-              const double lse = log_normalizer(logits);
-              r.cloud_top1 = argmax(logits);
-              r.cloud_lp_edge = static_cast<float>(logits[r.edge_top1] - lse);
-              r.cloud_lp_true = static_cast<float>(logits[chunk[i + 1]] - lse);
-            },
-            kMaxRows);
-      } else {
-        const auto rows =
-            cloud_rows_http(*http, api_, chunk, first_position_, cloud_top_n_, timeout_s_);
-        for (size_t k = 0; k < rows.size(); ++k) {
-          router::TraceRecord& r = seq.records[k];
-          r.cloud_lp_true = rows[k].true_logprob;
-          r.cloud_top1 = rows[k].top.front().first;
-          r.cloud_lp_edge = rows[k].top.back().second;
-          r.flags |= router::kCloudEdgeLogprobIsBound;
-          for (const auto& [id_top, lp] : rows[k].top) {
-            if (id_top == r.edge_top1) {
+      // The edge's rows of one window as log-probabilities, [rows][n_vocab], kept until the
+      // cloud's rows of the same window give the KL divergence.
+      std::vector<float> edge_logp;
+      std::vector<CloudRow> http_rows;
+      if (http) {
+        http_rows = cloud_rows_http(*http, api_, chunk, first_position_, cloud_top_n_, timeout_s_);
+      }
+      const int V = edge->info().n_vocab;
+      auto on_edge_row = [&](int i, std::span<const float> logits, std::span<const float> hidden) {
+        router::TraceRecord r;
+        r.position = i;
+        r.true_token = chunk[i + 1];
+        r.edge_top1 = argmax(logits);
+        const double lse = log_normalizer(logits);
+        r.edge_lp_true = static_cast<float>(logits[chunk[i + 1]] - lse);
+        const RouterSignal s = router_signal_from_logits(logits, i, top_k_);
+        r.entropy = s.entropy;
+        r.margin = s.margin;
+        for (float p : s.top_probs) r.log_top.push_back(std::log(p));
+        r.hidden.assign(hidden.begin(), hidden.end());
+        if (!http_rows.empty()) {
+          // The cloud's answer for this row came first (one request per chunk).
+          const CloudRow& c = http_rows[i - first_position_];
+          r.cloud_lp_true = c.true_logprob;
+          r.cloud_top1 = c.top.front().first;
+          r.cloud_lp_edge = c.top.back().second;
+          r.flags |= router::kCloudEdgeLogprobIsBound | router::kKlOverCloudTopN;
+          double kl = 0;
+          for (const auto& [tok_id, lp] : c.top) {
+            if (tok_id == r.edge_top1) {
               r.cloud_lp_edge = lp;
               r.flags &= ~router::kCloudEdgeLogprobIsBound;
             }
+            kl += std::exp(static_cast<double>(lp)) * (lp - (logits[tok_id] - lse));
           }
+          r.kl_cloud_edge = static_cast<float>(std::max(0.0, kl));
+          seq.records.push_back(std::move(r));
+          return;
+        }
+        seq.records.push_back(std::move(r));
+        const size_t at = edge_logp.size();
+        edge_logp.resize(at + V);
+        for (int v = 0; v < V; ++v) edge_logp[at + v] = static_cast<float>(logits[v] - lse);
+      };
+      edge_ctx.clear(0);
+      if (cloud_ctx) {
+        cloud_ctx->clear(0);
+        // Both models advance one window at a time: rows of n_vocab floats stay bounded.
+        while (edge_ctx.seq_length(0) < L) {
+          const int end = std::min(L, std::max(edge_ctx.seq_length(0), first_position_) + kMaxRows);
+          const size_t first_record = seq.records.size();
+          edge_logp.clear();
+          extend_chunk(edge_ctx, chunk, end, first_position_, true, on_edge_row);
+          extend_chunk(*cloud_ctx, chunk, end, first_position_, false,
+                       [&](int i, std::span<const float> logits, std::span<const float>) {
+                         router::TraceRecord& r = seq.records[i - first_position_];
+                         const float* le =
+                             edge_logp.data() + (i - first_position_ - first_record) * V;
+                         const double lse = log_normalizer(logits);
+                         r.cloud_top1 = argmax(logits);
+                         r.cloud_lp_edge = static_cast<float>(logits[r.edge_top1] - lse);
+                         r.cloud_lp_true = static_cast<float>(logits[chunk[i + 1]] - lse);
+                         double kl = 0;
+                         for (int v = 0; v < V; ++v) {
+                           const double lc = logits[v] - lse;
+                           kl += std::exp(lc) * (lc - le[v]);
+                         }
+                         r.kl_cloud_edge = static_cast<float>(std::max(0.0, kl));
+                       });
+        }
+      } else {
+        while (edge_ctx.seq_length(0) < L) {
+          const int end = std::min(L, std::max(edge_ctx.seq_length(0), first_position_) + kMaxRows);
+          extend_chunk(edge_ctx, chunk, end, first_position_, true, on_edge_row);
         }
       }
       records += seq.records.size();
@@ -218,7 +250,7 @@ class RouterTrain {
         "ROC-AUC, PR-AUC and the cloud-share curves; write the router as GGUF");
     sub_->add_option("--traces", traces_, "Trace file(s) from `router collect`")->required();
     sub_->add_option("--out", out_, "Router GGUF file to write")->required();
-    sub_->add_option("--label", label_, "disagree | critical[:TAU] | gain | gain:Q")
+    sub_->add_option("--label", label_, "disagree | critical[:TAU] | gain | gain:Q | kl")
         ->capture_default_str();
     sub_->add_option("--hidden", hidden_, "Hidden layer widths, e.g. 64 or 64,32")
         ->delimiter(',')
@@ -271,14 +303,17 @@ class RouterTrain {
                  "ROC-AUC %.4f, PR-AUC %.4f (positive rate %.3f%s)\n",
                  r.best_epoch, r.epochs_run, r.n_val, r.n_val_seq, m.roc_auc, m.pr_auc,
                  m.positive_rate, label.regression() ? ", positives: the top 10% by gain" : "");
-    std::fprintf(stderr, "  cloud share | recall | gap recovered | oracle | of the oracle\n");
+    std::fprintf(stderr,
+                 "  cloud share | recall | gap recovered | oracle | of the oracle | by the "
+                 "recorded KL\n");
     json curve = json::array();
     for (size_t i = 0; i < m.shares.size(); ++i) {
       const double of =
           m.oracle_gap_recovered[i] > 0 ? m.gap_recovered[i] / m.oracle_gap_recovered[i] : 0.0;
-      std::fprintf(stderr, "  %10.0f%% | %5.1f%% | %12.1f%% | %5.1f%% | %5.0f%%\n",
+      std::fprintf(stderr, "  %10.0f%% | %5.1f%% | %12.1f%% | %5.1f%% | %12.0f%% | %5.1f%%\n",
                    100 * m.shares[i], 100 * m.recall[i], 100 * m.gap_recovered[i],
-                   100 * m.oracle_gap_recovered[i], 100 * of);
+                   100 * m.oracle_gap_recovered[i], 100 * of,
+                   i < m.kl_gap_recovered.size() ? 100 * m.kl_gap_recovered[i] : NAN);
       curve.push_back({{"share", m.shares[i]},
                        {"recall", m.recall[i]},
                        {"gap_recovered", m.gap_recovered[i]},

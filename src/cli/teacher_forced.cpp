@@ -47,6 +47,24 @@ std::vector<TokenId> text_chunk(const std::vector<TokenId>& all, int c, int L,
   return chunk;
 }
 
+void extend_chunk(
+    Context& ctx, const std::vector<TokenId>& chunk, int end, int want_from, bool want_hidden,
+    const std::function<void(int, std::span<const float>, std::span<const float>)>& fn) {
+  const int n = static_cast<int>(chunk.size());
+  const int start = ctx.seq_length(0);
+  std::vector<BatchToken> batch;
+  for (int i = start; i < end; ++i) {
+    const bool want = i >= want_from && i + 1 < n;
+    batch.push_back({chunk[i], i, 0, want, want && want_hidden});
+  }
+  if (batch.empty()) return;
+  ctx.decode(batch);
+  for (int i = std::max(start, want_from); i < end && i + 1 < n; ++i) {
+    const int b = i - start;
+    fn(i, ctx.logits(b), want_hidden ? ctx.hidden(b) : std::span<const float>());
+  }
+}
+
 void run_chunk(Context& ctx, const std::vector<TokenId>& chunk, int first_row, bool want_hidden,
                const std::function<void(int, std::span<const float>, std::span<const float>)>& fn,
                int max_rows) {
@@ -54,21 +72,9 @@ void run_chunk(Context& ctx, const std::vector<TokenId>& chunk, int first_row, b
   const int n = static_cast<int>(chunk.size());
   // Forward passes end after every max_rows wanted rows; the first one also holds the unwanted
   // prefix [0, first_row).
-  std::vector<BatchToken> batch;
-  int start = 0;
-  while (start < n) {
-    int end = std::min(n, std::max(start, first_row) + max_rows);
-    batch.clear();
-    for (int i = start; i < end; ++i) {
-      const bool want = i >= first_row && i + 1 < n;
-      batch.push_back({chunk[i], i, 0, want, want && want_hidden});
-    }
-    ctx.decode(batch);
-    for (int i = std::max(start, first_row); i < end && i + 1 < n; ++i) {
-      const int b = i - start;
-      fn(i, ctx.logits(b), want_hidden ? ctx.hidden(b) : std::span<const float>());
-    }
-    start = end;
+  while (ctx.seq_length(0) < n) {
+    const int end = std::min(n, std::max(ctx.seq_length(0), first_row) + max_rows);
+    extend_chunk(ctx, chunk, end, first_row, want_hidden, fn);
   }
 }
 

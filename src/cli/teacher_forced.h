@@ -33,6 +33,13 @@ std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Tokenize
 std::vector<TokenId> text_chunk(const std::vector<TokenId>& all, int c, int chunk_tokens,
                                 const Tokenizer& tok);
 
+// Extends sequence 0 of ctx (which holds chunk[0, ctx.seq_length(0))) up to position `end`
+// (exclusive) in one forward pass and calls fn(i, logits row, hidden row) for the new rows
+// i >= want_from that have a next token.
+void extend_chunk(
+    Context& ctx, const std::vector<TokenId>& chunk, int end, int want_from, bool want_hidden,
+    const std::function<void(int, std::span<const float>, std::span<const float>)>& fn);
+
 // Runs a chunk through a model from position 0 and calls fn(i, logits row, hidden row) for every
 // row i in [first_row, n − 1) (rows that have a next token); hidden is empty unless asked for.
 // At most max_rows rows per forward pass (their logits are n_vocab floats each).

@@ -21,7 +21,7 @@ constexpr char kMagic[12] = {'T', 'N', 'D', 'M', 'T', 'R', 'A', 'C', 'E', 0, 0, 
 constexpr uint32_t kSeqTag = 0x31514553;  // "SEQ1"
 constexpr uint32_t kMaxName = 4096;
 constexpr uint32_t kMaxEmbd = 1 << 16, kMaxTopK = 256;
-constexpr size_t kRecordScalars = 10;  // position .. flags, 4 bytes each
+constexpr size_t kRecordScalars = 11;  // position .. flags, 4 bytes each
 
 uint64_t fnv1a(const uint8_t* p, size_t n) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -177,6 +177,7 @@ std::vector<uint8_t> encode_trace_sequence(const TraceHeader& h, const TraceSequ
     put(out, r.edge_lp_true);
     put(out, r.entropy);
     put(out, r.margin);
+    put(out, r.kl_cloud_edge);
     put(out, r.flags);
     put_floats(out, r.log_top, h.top_k);
     put_floats(out, r.hidden, h.n_embd);
@@ -236,7 +237,8 @@ TraceFile parse_trace(const uint8_t* data, size_t size, const std::string& name,
         r.edge_lp_true = f32(6);
         r.entropy = f32(7);
         r.margin = f32(8);
-        r.flags = static_cast<uint32_t>(i32(9));
+        r.kl_cloud_edge = f32(9);
+        r.flags = static_cast<uint32_t>(i32(10));
         r.log_top.resize(K);
         std::memcpy(r.log_top.data(), p + 4 * kRecordScalars, 4 * K);
         r.hidden.resize(D);

@@ -9,7 +9,8 @@
 //     record_bytes() each, then u64 FNV-1a hash of the sequence's bytes from the tag on
 //   record        i32 position, i32 edge top-1, i32 true next token (-1: none), i32 cloud top-1,
 //                 f32 cloud log p(edge top-1), f32 cloud log p(true), f32 edge log p(true),
-//                 f32 entropy, f32 margin, u32 flags, f32 edge log top-k probs[top_k],
+//                 f32 entropy, f32 margin, f32 KL(cloud || edge) of the next-token
+//                 distributions, u32 flags, f32 edge log top-k probs[top_k],
 //                 f32 hidden[n_embd]
 //
 // Sequences are whole units: splits for training go by sequence, and a resumed collection
@@ -37,12 +38,15 @@ struct TraceHeader {
 // Record flag: the cloud's log-probability of the edge token is an upper bound (the cloud
 // reported only its top-n and the edge token was not among them; the value is the n-th's).
 inline constexpr uint32_t kCloudEdgeLogprobIsBound = 1;
+// Record flag: the KL divergence sums over the cloud's top-n tokens only (HTTP), a lower bound.
+inline constexpr uint32_t kKlOverCloudTopN = 2;
 
 struct TraceRecord {
   int32_t position = 0;
   int32_t edge_top1 = 0, true_token = -1, cloud_top1 = 0;
   float cloud_lp_edge = 0, cloud_lp_true = 0, edge_lp_true = 0;
   float entropy = 0, margin = 0;
+  float kl_cloud_edge = 0;  // Σ_x p_cloud(x) (log p_cloud(x) − log p_edge(x)), nats
   uint32_t flags = 0;
   std::vector<float> log_top;  // [top_k]
   std::vector<float> hidden;   // [n_embd]

@@ -129,6 +129,8 @@ std::string LabelSpec::describe() const {
     case LabelKind::GainTop:
       std::snprintf(buf, sizeof buf, "gain:%g", q);
       return buf;
+    case LabelKind::Kl:
+      return "kl";
   }
   return "?";
 }
@@ -154,6 +156,8 @@ LabelSpec parse_label(const std::string& spec) {
   } else if (name == "critical") {
     l.kind = LabelKind::Critical;
     if (has_arg) l.tau = number("TAU");
+  } else if (name == "kl" && !has_arg) {
+    l.kind = LabelKind::Kl;
   } else if (name == "gain" && !has_arg) {
     l.kind = LabelKind::Gain;
   } else if (name == "gain") {
@@ -163,7 +167,7 @@ LabelSpec parse_label(const std::string& spec) {
       throw std::invalid_argument("--label " + spec + ": Q must be in (0, 1)");
   } else {
     throw std::invalid_argument("unknown label '" + spec +
-                                "' (choices: disagree, critical[:TAU], gain, gain:Q)");
+                                "' (choices: disagree, critical[:TAU], gain, gain:Q, kl)");
   }
   return l;
 }
@@ -173,15 +177,16 @@ Dataset make_dataset(const TraceFile& trace, const LabelSpec& label) {
   d.spec.n_embd = static_cast<int>(trace.header.n_embd);
   d.spec.top_k = static_cast<int>(trace.header.top_k);
   const int F = d.spec.n_features();
-  const bool needs_truth = label.kind == LabelKind::Gain || label.kind == LabelKind::GainTop;
   for (const auto& s : trace.sequences) {
     for (const auto& r : s.records) {
-      if (needs_truth && r.true_token < 0) continue;
+      // Rows without a true token have no gain to score routing by; every label skips them.
+      if (r.true_token < 0) continue;
       const size_t at = d.x.size();
       d.x.resize(at + F);
       router_features(d.spec, r.hidden, r.log_top, r.entropy, r.margin, r.position, &d.x[at]);
       const float g = r.true_token >= 0 ? r.cloud_lp_true - r.edge_lp_true : 0.0f;
       d.gain.push_back(g);
+      d.kl.push_back(r.kl_cloud_edge);
       d.seq.push_back(s.id);
       switch (label.kind) {
         case LabelKind::Disagree:
@@ -193,6 +198,9 @@ Dataset make_dataset(const TraceFile& trace, const LabelSpec& label) {
         case LabelKind::Gain:
         case LabelKind::GainTop:
           d.y.push_back(g);
+          break;
+        case LabelKind::Kl:
+          d.y.push_back(r.kl_cloud_edge);
           break;
       }
     }
@@ -265,7 +273,7 @@ double pr_auc(const std::vector<float>& scores, const std::vector<uint8_t>& posi
 }
 
 Metrics evaluate_scores(const std::vector<float>& scores, const std::vector<uint8_t>& positive,
-                        const std::vector<float>& gain) {
+                        const std::vector<float>& gain, const std::vector<float>& kl) {
   Metrics m;
   m.roc_auc = roc_auc(scores, positive);
   m.pr_auc = pr_auc(scores, positive);
@@ -273,9 +281,13 @@ Metrics evaluate_scores(const std::vector<float>& scores, const std::vector<uint
   for (uint8_t p : positive) n_pos += p;
   m.positive_rate = scores.empty() ? 0 : static_cast<double>(n_pos) / scores.size();
   const size_t n = scores.size();
-  std::vector<size_t> by_score(n), by_gain(n);
+  std::vector<size_t> by_score(n), by_gain(n), by_kl(n);
   std::iota(by_score.begin(), by_score.end(), 0);
   std::iota(by_gain.begin(), by_gain.end(), 0);
+  std::iota(by_kl.begin(), by_kl.end(), 0);
+  if (kl.size() == n) {
+    std::stable_sort(by_kl.begin(), by_kl.end(), [&](size_t a, size_t b) { return kl[a] > kl[b]; });
+  }
   std::stable_sort(by_score.begin(), by_score.end(),
                    [&](size_t a, size_t b) { return scores[a] > scores[b]; });
   std::stable_sort(by_gain.begin(), by_gain.end(),
@@ -285,12 +297,15 @@ Metrics evaluate_scores(const std::vector<float>& scores, const std::vector<uint
   for (double s : {0.01, 0.02, 0.05, 0.07, 0.1, 0.2, 0.3, 0.5}) {
     const size_t k = static_cast<size_t>(std::llround(s * n));
     size_t hits = 0;
-    double g_score = 0, g_oracle = 0;
+    double g_score = 0, g_oracle = 0, g_kl = 0;
     for (size_t i = 0; i < k; ++i) {
       hits += positive[by_score[i]];
       g_score += gain[by_score[i]];
       g_oracle += gain[by_gain[i]];
+      g_kl += gain[by_kl[i]];
     }
+    if (kl.size() == n)
+      m.kl_gap_recovered.push_back(std::abs(total_gain) > 1e-12 ? g_kl / total_gain : 0);
     m.shares.push_back(s);
     m.recall.push_back(n_pos ? static_cast<double>(hits) / n_pos : 0);
     m.gap_recovered.push_back(std::abs(total_gain) > 1e-12 ? g_score / total_gain : 0);
@@ -482,9 +497,14 @@ TrainResult train_router(const Dataset& d, const LabelSpec& label, const TrainOp
   }
   m = std::move(best);
   res.val_loss = eval_loss(val_rows, &res.val_scores);
-  std::vector<float> val_y, val_gain;
-  for (size_t r : val_rows) val_y.push_back(d.y[r]), val_gain.push_back(d.gain[r]);
-  res.val = evaluate_scores(res.val_scores, binary_labels(val_y, val_gain, label), val_gain);
+  std::vector<float> val_y, val_gain, val_kl;
+  for (size_t r : val_rows) {
+    val_y.push_back(d.y[r]);
+    val_gain.push_back(d.gain[r]);
+    if (d.kl.size() == d.n()) val_kl.push_back(d.kl[r]);
+  }
+  res.val =
+      evaluate_scores(res.val_scores, binary_labels(val_y, val_gain, label), val_gain, val_kl);
   calibrate(m, res.val_scores);
   return res;
 }

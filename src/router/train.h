@@ -18,12 +18,15 @@ namespace tandem::router {
 //   gain           regress the cloud's gain on the true token, log p_cloud − log p_edge (the
 //                  oracle's criterion: ranking by its expectation maximises the gap recovered)
 //   gain:Q         classify: the top Q fraction of positions by that gain
-enum class LabelKind { Disagree, Critical, Gain, GainTop };
+//   kl             regress KL(cloud || edge) of the two next-token distributions: the gain's
+//                  expectation were the cloud the truth, a far less noisy target than one
+//                  sampled token's gain
+enum class LabelKind { Disagree, Critical, Gain, GainTop, Kl };
 struct LabelSpec {
   LabelKind kind = LabelKind::Gain;
   double tau = -2.0;  // critical
   double q = 0.1;     // gain:Q
-  bool regression() const { return kind == LabelKind::Gain; }
+  bool regression() const { return kind == LabelKind::Gain || kind == LabelKind::Kl; }
   std::string describe() const;
 };
 // Throws std::invalid_argument naming the spec and the choices.
@@ -35,6 +38,7 @@ struct Dataset {
   std::vector<float> x;       // [n][spec.n_features()]
   std::vector<float> y;       // target (0/1 or the gain)
   std::vector<float> gain;    // cloud_lp_true − edge_lp_true ([n]; 0 without a true token)
+  std::vector<float> kl;  // KL(cloud || edge) per row
   std::vector<uint64_t> seq;  // sequence id per row
   size_t n() const { return y.size(); }
 };
@@ -57,6 +61,8 @@ struct Metrics {
   // Cloud share s → recall of positives within the top-s scores, and gap recovered (the sum of
   // the routed rows' gain over the sum of all gains) with the oracle's at the same share.
   std::vector<double> shares, recall, gap_recovered, oracle_gap_recovered;
+  // The same when routing by the recorded KL(cloud || edge) (a ceiling for the kl label).
+  std::vector<double> kl_gap_recovered;
 };
 
 struct TrainResult {
@@ -74,7 +80,7 @@ TrainResult train_router(const Dataset& data, const LabelSpec& label, const Trai
 std::vector<uint8_t> binary_labels(const std::vector<float>& y, const std::vector<float>& gain,
                                    const LabelSpec& label);
 Metrics evaluate_scores(const std::vector<float>& scores, const std::vector<uint8_t>& positive,
-                        const std::vector<float>& gain);
+                        const std::vector<float>& gain, const std::vector<float>& kl = {});
 double roc_auc(const std::vector<float>& scores, const std::vector<uint8_t>& positive);
 double pr_auc(const std::vector<float>& scores, const std::vector<uint8_t>& positive);
 // Calibration table from scores: n thresholds at evenly spaced quantiles, ascending, with the
