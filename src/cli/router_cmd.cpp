@@ -250,7 +250,7 @@ class RouterTrain {
         "ROC-AUC, PR-AUC and the cloud-share curves; write the router as GGUF");
     sub_->add_option("--traces", traces_, "Trace file(s) from `router collect`")->required();
     sub_->add_option("--out", out_, "Router GGUF file to write")->required();
-    sub_->add_option("--label", label_, "disagree | critical[:TAU] | gain | gain:Q | kl")
+    sub_->add_option("--label", label_, "disagree | critical[:TAU] | gain | gain:Q | kl | kl:log")
         ->capture_default_str();
     sub_->add_option("--hidden", hidden_, "Hidden layer widths, e.g. 64 or 64,32")
         ->delimiter(',')
@@ -351,7 +351,7 @@ class RouterTrain {
  private:
   CLI::App* sub_;
   std::vector<std::string> traces_;
-  std::string out_, label_ = "gain";
+  std::string out_, label_ = "kl";
   std::vector<int> hidden_ = {64};
   router::TrainOptions o_;
   bool no_class_weight_ = false, json_ = false;

@@ -131,6 +131,8 @@ std::string LabelSpec::describe() const {
       return buf;
     case LabelKind::Kl:
       return "kl";
+    case LabelKind::LogKl:
+      return "kl:log";
   }
   return "?";
 }
@@ -158,6 +160,8 @@ LabelSpec parse_label(const std::string& spec) {
     if (has_arg) l.tau = number("TAU");
   } else if (name == "kl" && !has_arg) {
     l.kind = LabelKind::Kl;
+  } else if (name == "kl" && arg == "log") {
+    l.kind = LabelKind::LogKl;
   } else if (name == "gain" && !has_arg) {
     l.kind = LabelKind::Gain;
   } else if (name == "gain") {
@@ -167,7 +171,7 @@ LabelSpec parse_label(const std::string& spec) {
       throw std::invalid_argument("--label " + spec + ": Q must be in (0, 1)");
   } else {
     throw std::invalid_argument("unknown label '" + spec +
-                                "' (choices: disagree, critical[:TAU], gain, gain:Q, kl)");
+                                "' (choices: disagree, critical[:TAU], gain, gain:Q, kl, kl:log)");
   }
   return l;
 }
@@ -201,6 +205,9 @@ Dataset make_dataset(const TraceFile& trace, const LabelSpec& label) {
           break;
         case LabelKind::Kl:
           d.y.push_back(r.kl_cloud_edge);
+          break;
+        case LabelKind::LogKl:
+          d.y.push_back(std::log(std::max(r.kl_cloud_edge, 0.0f) + 0.01f));
           break;
       }
     }

@@ -21,12 +21,15 @@ namespace tandem::router {
 //   kl             regress KL(cloud || edge) of the two next-token distributions: the gain's
 //                  expectation were the cloud the truth, a far less noisy target than one
 //                  sampled token's gain
-enum class LabelKind { Disagree, Critical, Gain, GainTop, Kl };
+//   kl:log         regress log(KL + 0.01): the same ranking target with its long tail folded
+enum class LabelKind { Disagree, Critical, Gain, GainTop, Kl, LogKl };
 struct LabelSpec {
   LabelKind kind = LabelKind::Gain;
   double tau = -2.0;  // critical
   double q = 0.1;     // gain:Q
-  bool regression() const { return kind == LabelKind::Gain || kind == LabelKind::Kl; }
+  bool regression() const {
+    return kind == LabelKind::Gain || kind == LabelKind::Kl || kind == LabelKind::LogKl;
+  }
   std::string describe() const;
 };
 // Throws std::invalid_argument naming the spec and the choices.
@@ -38,7 +41,7 @@ struct Dataset {
   std::vector<float> x;       // [n][spec.n_features()]
   std::vector<float> y;       // target (0/1 or the gain)
   std::vector<float> gain;    // cloud_lp_true − edge_lp_true ([n]; 0 without a true token)
-  std::vector<float> kl;  // KL(cloud || edge) per row
+  std::vector<float> kl;      // KL(cloud || edge) per row
   std::vector<uint64_t> seq;  // sequence id per row
   size_t n() const { return y.size(); }
 };
