@@ -267,6 +267,11 @@ class RouterTrain {
         ->capture_default_str();
     sub_->add_option("--seed", o_.seed, "Seed for initialisation, split and shuffling")
         ->capture_default_str();
+    sub_->add_option("--min-position", min_position_,
+                     "Train and validate on positions from this one on (the wikitext eval scores "
+                     "the second half of each chunk: 256 for chunks of 512)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     sub_->add_flag("--no-class-weight", no_class_weight_,
                    "Do not weight the rarer class up (classification labels)");
     sub_->add_flag("--json", json_, "Print the training summary as JSON on stdout");
@@ -289,7 +294,7 @@ class RouterTrain {
       }
       for (auto& s : more.sequences) trace.sequences.push_back(std::move(s));
     }
-    const router::Dataset data = router::make_dataset(trace, label);
+    const router::Dataset data = router::make_dataset(trace, label, min_position_);
     std::fprintf(stderr, "[train] %zu positions from %zu sequences, %d features, label %s\n",
                  data.n(), trace.sequences.size(), data.spec.n_features(),
                  label.describe().c_str());
@@ -305,19 +310,22 @@ class RouterTrain {
                  m.positive_rate, label.regression() ? ", positives: the top 10% by gain" : "");
     std::fprintf(stderr,
                  "  cloud share | recall | gap recovered | oracle | of the oracle | by the "
-                 "recorded KL\n");
+                 "recorded KL | entropy policy\n");
     json curve = json::array();
     for (size_t i = 0; i < m.shares.size(); ++i) {
       const double of =
           m.oracle_gap_recovered[i] > 0 ? m.gap_recovered[i] / m.oracle_gap_recovered[i] : 0.0;
-      std::fprintf(stderr, "  %10.0f%% | %5.1f%% | %12.1f%% | %5.1f%% | %12.0f%% | %5.1f%%\n",
+      std::fprintf(stderr,
+                   "  %10.0f%% | %5.1f%% | %12.1f%% | %5.1f%% | %12.0f%% | %17.1f%% | %13.1f%%\n",
                    100 * m.shares[i], 100 * m.recall[i], 100 * m.gap_recovered[i],
                    100 * m.oracle_gap_recovered[i], 100 * of,
-                   i < m.kl_gap_recovered.size() ? 100 * m.kl_gap_recovered[i] : NAN);
+                   i < m.kl_gap_recovered.size() ? 100 * m.kl_gap_recovered[i] : NAN,
+                   100 * r.val_entropy.gap_recovered[i]);
       curve.push_back({{"share", m.shares[i]},
                        {"recall", m.recall[i]},
                        {"gap_recovered", m.gap_recovered[i]},
-                       {"oracle_gap_recovered", m.oracle_gap_recovered[i]}});
+                       {"oracle_gap_recovered", m.oracle_gap_recovered[i]},
+                       {"entropy_gap_recovered", r.val_entropy.gap_recovered[i]}});
     }
     json summary = {{"traces", traces_},
                     {"label", label.describe()},
@@ -327,6 +335,7 @@ class RouterTrain {
                     {"train_sequences", r.n_train_seq},
                     {"val_sequences", r.n_val_seq},
                     {"hidden", hidden_},
+                    {"min_position", min_position_},
                     {"best_epoch", r.best_epoch},
                     {"epochs_run", r.epochs_run},
                     {"train_loss", r.train_loss},
@@ -353,6 +362,7 @@ class RouterTrain {
   std::vector<std::string> traces_;
   std::string out_, label_ = "kl";
   std::vector<int> hidden_ = {64};
+  int min_position_ = 0;
   router::TrainOptions o_;
   bool no_class_weight_ = false, json_ = false;
 };

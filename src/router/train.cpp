@@ -176,7 +176,7 @@ LabelSpec parse_label(const std::string& spec) {
   return l;
 }
 
-Dataset make_dataset(const TraceFile& trace, const LabelSpec& label) {
+Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_position) {
   Dataset d;
   d.spec.n_embd = static_cast<int>(trace.header.n_embd);
   d.spec.top_k = static_cast<int>(trace.header.top_k);
@@ -184,7 +184,7 @@ Dataset make_dataset(const TraceFile& trace, const LabelSpec& label) {
   for (const auto& s : trace.sequences) {
     for (const auto& r : s.records) {
       // Rows without a true token have no gain to score routing by; every label skips them.
-      if (r.true_token < 0) continue;
+      if (r.true_token < 0 || r.position < min_position) continue;
       const size_t at = d.x.size();
       d.x.resize(at + F);
       router_features(d.spec, r.hidden, r.log_top, r.entropy, r.margin, r.position, &d.x[at]);
@@ -510,8 +510,12 @@ TrainResult train_router(const Dataset& d, const LabelSpec& label, const TrainOp
     val_gain.push_back(d.gain[r]);
     if (d.kl.size() == d.n()) val_kl.push_back(d.kl[r]);
   }
-  res.val =
-      evaluate_scores(res.val_scores, binary_labels(val_y, val_gain, label), val_gain, val_kl);
+  const std::vector<uint8_t> val_pos = binary_labels(val_y, val_gain, label);
+  res.val = evaluate_scores(res.val_scores, val_pos, val_gain, val_kl);
+  // The entropy policy's score is one of the features: the reference row on the same data.
+  std::vector<float> val_entropy;
+  for (size_t r : val_rows) val_entropy.push_back(d.x[r * F + d.spec.n_embd + d.spec.top_k]);
+  res.val_entropy = evaluate_scores(val_entropy, val_pos, val_gain);
   calibrate(m, res.val_scores);
   return res;
 }

@@ -46,8 +46,8 @@ struct Dataset {
   size_t n() const { return y.size(); }
 };
 
-// Builds rows from every record (records without a true token are skipped for gain labels).
-Dataset make_dataset(const TraceFile& trace, const LabelSpec& label);
+// Builds rows from the records at positions >= min_position that have a true token.
+Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_position = 0);
 
 struct TrainOptions {
   std::vector<int> hidden = {64};  // widths of the hidden layers (1 or 2 of them)
@@ -74,6 +74,7 @@ struct TrainResult {
   int best_epoch = 0, epochs_run = 0;
   double train_loss = 0, val_loss = 0;
   Metrics val;
+  Metrics val_entropy;  // the entropy policy on the same validation rows, for comparison
   std::vector<float> val_scores;
 };
 
