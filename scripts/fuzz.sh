@@ -31,7 +31,7 @@ if grep -q '^fuzz_tokenizer:' <(cmake --build "$BUILD" --target help 2>/dev/null
 fi
 
 # ---- seed corpora ---------------------------------------------------------------------------------
-for t in fuzz_api fuzz_ui_request; do
+for t in fuzz_api fuzz_ui_request fuzz_trace; do
   if grep -q "^$t:" <(cmake --build "$BUILD" --target help 2>/dev/null | sed 's/^\.\.\. //;s/:.*$/:/'); then
     cmake --build "$BUILD" -j "$JOBS" --target "$t" >&2
   fi
@@ -39,7 +39,7 @@ done
 
 SEEDS=$BUILD/seeds
 rm -rf "$SEEDS"
-mkdir -p "$SEEDS/fuzz_gguf" "$SEEDS/fuzz_tokenizer" "$SEEDS/fuzz_api"
+mkdir -p "$SEEDS/fuzz_gguf" "$SEEDS/fuzz_tokenizer" "$SEEDS/fuzz_api" "$SEEDS/fuzz_trace"
 # Request bodies: valid steps and completions, and near misses.
 n=0
 for body in '{"expected_pos":0,"append":[1,2,3],"generate":{"n":4,"temperature":0.7,"top_p":0.9,"seed":1},"top_n":2}' \
@@ -71,6 +71,26 @@ for inp in sys.argv[2:]:
     for case in pathlib.Path(inp).read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n"):
         if case.strip("\n") or case:
             (out / f"case{n:04d}.txt").write_text(case, encoding="utf-8"); n += 1
+PY
+# Router trace seeds (format in src/router/trace.h): one and two small sequences.
+mkdir -p "$SEEDS/fuzz_trace"
+python3 - "$SEEDS/fuzz_trace" <<'PY'
+import struct, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+def fnv(b):
+    h = 0xcbf29ce484222325
+    for x in b: h = ((h ^ x) * 0x100000001b3) & 0xffffffffffffffff
+    return h
+n_embd, top_k = 4, 2
+head = b"TNDMTRACE\0\0\0" + struct.pack("<IIIIQII", 1, n_embd, top_k, 50, 0x1234, 0, 5) + b"synth"
+def seq(sid, n):
+    b = struct.pack("<IQI", 0x31514553, sid, n)
+    for i in range(n):
+        b += struct.pack("<iiiiffffffI", i, 3, 4, 3, -0.5, -1.0, -2.0, 1.5, 0.3, 0.2, 0)
+        b += struct.pack("<%df" % (top_k + n_embd), *([-0.5, -1.5] + [0.1 * i] * n_embd))
+    return b + struct.pack("<Q", fnv(b))
+(out / "one.trace").write_bytes(head + seq(0, 2))
+(out / "two.trace").write_bytes(head + seq(0, 1) + seq(7, 3))
 PY
 log "seeds: $(ls "$SEEDS/fuzz_gguf" | wc -l) GGUF files, $(ls "$SEEDS/fuzz_tokenizer" | wc -l) texts"
 

@@ -29,7 +29,9 @@ struct RouterSignal {
   std::span<const float> hidden;  // final hidden state [n_embd], optional (empty when absent)
 };
 
-enum class RouterPolicy { Confidence, Entropy, Margin, Random, Always, Never };
+enum class RouterPolicy { Confidence, Entropy, Margin, Random, Always, Never, Mlp };
+
+class MlpRouterModel;  // a trained router (tandem/router_mlp.h)
 
 struct RouterConfig {
   RouterPolicy policy = RouterPolicy::Confidence;
@@ -42,6 +44,11 @@ struct RouterConfig {
   uint64_t random_seed = 0x5eed;
   // Scores the target-rate controller keeps to estimate their distribution.
   int window = 256;
+  // Mlp: the trained model that scores each signal (its signals must carry the hidden state).
+  std::shared_ptr<const MlpRouterModel> mlp;
+  // Scores to start the target-rate controller's window with (e.g. a trained router's
+  // calibration quantiles), so its first decisions already hold the target; empty: none.
+  std::vector<float> prior_scores;
 };
 
 // Parses "confidence", "entropy", "margin", "random:RATE[:SEED]", "always", "never".
@@ -66,6 +73,8 @@ class TargetRateController {
   // Threshold for the next decision (scores above it go to the cloud).
   double threshold() const;
   void observe_score(double score);
+  // Fills the window with scores from elsewhere (a calibration table) before any are observed.
+  void seed_scores(std::span<const float> scores);
   // After a decision: how many tokens it produced and whether they came from the cloud.
   void observe_outcome(bool cloud, int n_tokens);
   double realised_share() const;

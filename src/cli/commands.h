@@ -32,6 +32,7 @@ std::unique_ptr<Command> make_serve_command(CLI::App& app);
 std::unique_ptr<Command> make_run_command(CLI::App& app);
 std::unique_ptr<Command> make_eval_command(CLI::App& app);
 std::unique_ptr<Command> make_ui_command(CLI::App& app);
+std::unique_ptr<Command> make_router_command(CLI::App& app);
 
 // Shared helpers (main.cpp).
 // The command line this process was started with, shell-quoted where needed (for result files).

@@ -1,9 +1,12 @@
 #include "cli/edge_flags.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "common/default_model.h"
 #include "common/error.h"
+#include "router/router_file.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
 
@@ -22,7 +25,8 @@ void EdgeFlags::add_to(CLI::App& sub) {
                  "Router: confidence | entropy | margin | random:RATE[:SEED] | always | never")
       ->capture_default_str();
   sub.add_option("--router", router_file,
-                 "Trained router (GGUF) instead of --policy: not supported yet");
+                 "Trained router (GGUF, `tandem router train`) instead of --policy; "
+                 "--target-rate starts from its calibration table, --threshold is its score");
   auto* thr = sub.add_option("--threshold", threshold,
                              "Route when the policy's score exceeds this (default per policy: "
                              "confidence 0.5, entropy 2, margin 0.8)");
@@ -72,11 +76,6 @@ void EdgeFlags::resolve() {
   } catch (const std::invalid_argument& e) {
     throw Error(e.what());
   }
-  if (!router_file.empty()) {
-    throw Error("--router " + router_file +
-                ": trained routers are not supported yet; use --policy "
-                "confidence|entropy|margin|random:RATE|always|never");
-  }
   if (threshold) options.router.threshold = *threshold;
   if (target_rate) options.router.target_rate = *target_rate;
   if (options.mode != EdgeMode::Local && cloud.url.empty()) {
@@ -88,6 +87,23 @@ void EdgeFlags::resolve() {
                  "used only for tokens decoded locally when the cloud is unavailable\n");
   }
   cloud.timeout_s = options.cloud_timeout_s;
+}
+
+void EdgeFlags::load_router(const Model& edge_model) {
+  if (router_file.empty()) return;
+  router::RouterExpectations expect;
+  expect.vocab_hash = edge_model.tokenizer().fingerprint_hex();
+  expect.n_vocab = static_cast<uint32_t>(edge_model.info().n_vocab);
+  expect.n_embd = edge_model.info().n_embd;
+  expect.edge_path = model;
+  const auto loaded = router::load_router(router_file, expect);
+  RouterConfig& r = options.router;
+  r.policy = RouterPolicy::Mlp;
+  r.mlp = loaded.model;
+  r.threshold = threshold ? *threshold : loaded.model->threshold_for_share(0.07);
+  if (r.target_rate) r.prior_scores = loaded.model->prior_scores(r.window);
+  options.signal_hidden = true;
+  options.top_k_signal = std::max(options.top_k_signal, loaded.model->spec.top_k);
 }
 
 std::unique_ptr<CloudBackend> EdgeFlags::make_backend(const Model& edge_model) const {

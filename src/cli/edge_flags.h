@@ -29,6 +29,11 @@ struct EdgeFlags {
   // Fills `options` (mode, router, seed, sync-ahead) and the cloud timeout from the flags;
   // throws tandem::Error naming the flag when they do not fit together.
   void resolve();
+  // --router R.gguf, once the small model is loaded: the trained (mlp) router, checked against
+  // that model (refused, naming what differs, when it was made for another); its threshold is
+  // --threshold, or the calibration's for a 7% cloud share, and --target-rate starts from the
+  // calibration's score distribution. Nothing without --router.
+  void load_router(const Model& edge_model);
   // The cloud backend for --cloud (null in local mode); throws tandem::Error for a bad URL.
   std::unique_ptr<CloudBackend> make_backend(const Model& edge_model) const;
 };

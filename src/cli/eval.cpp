@@ -157,6 +157,14 @@ class EvalCommand : public Command {
                      "wikitext: tokens per chunk (the second half scored)")
         ->check(CLI::Range(16, 1 << 16))
         ->capture_default_str();
+    sub_->add_option("--chunk-offset", chunk_offset_,
+                     "wikitext: first chunk scored (score held-out text: a router trained on "
+                     "chunks [0, K) is evaluated from chunk K on)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    sub_->add_option("--router", router_file_,
+                     "wikitext: a trained router (GGUF, `tandem router train`) scored as the "
+                     "'mlp' policy next to the heuristics");
     sub_->add_option("--modes", modes_, "Comma-separated: local,cloud,route,speculative")
         ->capture_default_str();
     sub_->add_option("--rates", rates_, "Route mode: target cloud shares, e.g. 0.02,0.05,0.1")
@@ -203,6 +211,8 @@ class EvalCommand : public Command {
       w.rates = rates_;
       w.chunks = chunks_;
       w.chunk_tokens = chunk_tokens_;
+      w.chunk_offset = chunk_offset_;
+      w.router = router_file_;
       w.threads = threads_;
       w.timeout_s = std::max(timeout_s_, 60.0);
       w.plots = !no_plots_;
@@ -550,7 +560,8 @@ class EvalCommand : public Command {
   std::string model_, task_, modes_ = "local,cloud,route,speculative", policy_ = "confidence";
   std::string data_ = (fs::path(TANDEM_SOURCE_DIR) / ".." / "shared" / "data").string();
   std::string out_, cloud_model_;
-  int chunks_ = 8, chunk_tokens_ = 512;
+  int chunks_ = 8, chunk_tokens_ = 512, chunk_offset_ = 0;
+  std::string router_file_;
   std::vector<double> rates_;
   CloudOptions cloud_;
   int shots_ = 5, limit_ = 0, draft_ = 4, n_ctx_ = 0, threads_ = 0;

@@ -11,9 +11,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/eval_loglik.h"
+#include "cli/teacher_forced.h"
 #include "common/error.h"
 #include "eval/loglik.h"
 #include "net/http_client.h"
+#include "router/router_file.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
 #include "tandem/router.h"
@@ -25,68 +27,6 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 using namespace tandem::eval;
-
-// log p(token) from a logits row.
-float log_prob(std::span<const float> logits, TokenId token) {
-  float mx = -INFINITY;
-  for (float v : logits) mx = std::max(mx, v);
-  double sum = 0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
-  return static_cast<float>(logits[token] - mx - std::log(sum));
-}
-
-// Runs a chunk through a model; calls fn(i, logits row i) for every scored row.
-void run_chunk(Context& ctx, const std::vector<TokenId>& chunk, int first_scored,
-               const std::function<void(int, std::span<const float>)>& fn) {
-  ctx.clear(0);
-  std::vector<BatchToken> batch;
-  for (size_t i = 0; i < chunk.size(); ++i) {
-    batch.push_back({chunk[i], static_cast<int32_t>(i), 0,
-                     static_cast<int>(i) >= first_scored && i + 1 < chunk.size()});
-  }
-  ctx.decode(batch);
-  for (int i = first_scored; i + 1 < static_cast<int>(chunk.size()); ++i) fn(i, ctx.logits(i));
-}
-
-// The cloud's log-probabilities of chunk[i + 1] for i in [first_scored, n - 1), over HTTP.
-std::vector<float> cloud_logprobs_http(net::HttpClient& http, const std::string& api,
-                                       const std::vector<TokenId>& chunk, int first_scored,
-                                       double timeout_s) {
-  json req;
-  std::string path;
-  if (api == "sglang") {
-    path = "/generate";
-    req = {{"input_ids", chunk},
-           {"sampling_params", {{"max_new_tokens", 0}, {"temperature", 0}}},
-           {"return_logprob", true},
-           {"logprob_start_len", 0}};
-  } else {
-    path = "/v1/completions";
-    req = {{"prompt", chunk}, {"max_tokens", 0}, {"temperature", 0}, {"prompt_logprobs", 0}};
-  }
-  const auto res = http.request("POST", path, req.dump(),
-                                std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-  if (res.status != 200) {
-    throw Error("the cloud answered " + std::to_string(res.status) + " to " + path + ": " +
-                res.body.substr(0, 300));
-  }
-  const json j = json::parse(res.body, nullptr, false);
-  std::vector<float> out;
-  for (int i = first_scored; i + 1 < static_cast<int>(chunk.size()); ++i) {
-    const TokenId want = chunk[i + 1];
-    double lp = NAN;
-    if (api == "sglang") {
-      const json& in = j.at("meta_info").at("input_token_logprobs");
-      if (in.at(i + 1).at(1).get<int>() != want) throw Error("SGLang answered for another token");
-      lp = in.at(i + 1).at(0).get<double>();
-    } else {
-      const json& pl = j.at("choices").at(0).at("prompt_logprobs");
-      lp = pl.at(i + 1).at(std::to_string(want)).at("logprob").get<double>();
-    }
-    out.push_back(static_cast<float>(lp));
-  }
-  return out;
-}
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -107,10 +47,6 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
         "--task wikitext needs the cloud's log-probabilities: --cloud URL or --cloud-model FILE");
   }
   const std::string path = o.data_dir + "/wikitext-2/test.txt";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path);
-  const std::string text((std::istreambuf_iterator<char>(in)), {});
-
   auto edge = Model::load(o.edge_model);
   const Tokenizer& tok = edge->tokenizer();
   std::unique_ptr<Model> cloud_local;
@@ -129,12 +65,18 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   }
 
   const int L = o.chunk_tokens;
-  const std::vector<TokenId> all = tok.encode(text, false, false);
-  const int n_chunks = std::min<int>(o.chunks, static_cast<int>(all.size() / L));
-  if (n_chunks < 1) throw Error("the text has fewer than " + std::to_string(L) + " tokens");
+  const std::vector<TokenId> all = wikitext_tokens(o.data_dir, tok);
+  const int total_chunks = static_cast<int>(all.size() / L);
+  const int n_chunks = std::min<int>(o.chunks, total_chunks - o.chunk_offset);
+  if (n_chunks < 1) {
+    throw Error("the text has " + std::to_string(total_chunks) + " chunks of " + std::to_string(L) +
+                " tokens; --chunk-offset " + std::to_string(o.chunk_offset) + " leaves none");
+  }
   const int first_scored = L / 2;
-  std::fprintf(stderr, "[wikitext] %d chunks of %d tokens, the second half of each scored\n",
-               n_chunks, L);
+  std::fprintf(stderr,
+               "[wikitext] %d chunks of %d tokens from chunk %d of %d, the second half of each "
+               "scored\n",
+               n_chunks, L, o.chunk_offset, total_chunks);
 
   ContextParams cp;
   cp.n_ctx = L;
@@ -143,37 +85,58 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   std::unique_ptr<Context> cloud_ctx;
   if (cloud_local) cloud_ctx = std::make_unique<Context>(*cloud_local, cp);
 
-  const std::vector<std::string> policies = {"confidence", "entropy", "margin"};
+  std::vector<std::string> policies = {"confidence", "entropy", "margin"};
+  RouterConfig mlp_config;
+  if (!o.router.empty()) {
+    router::RouterExpectations expect;
+    expect.vocab_hash = tok.fingerprint_hex();
+    expect.n_vocab = static_cast<uint32_t>(edge->info().n_vocab);
+    expect.n_embd = edge->info().n_embd;
+    expect.edge_path = o.edge_model;
+    mlp_config.policy = RouterPolicy::Mlp;
+    mlp_config.mlp = router::load_router(o.router, expect).model;
+    policies.push_back("mlp");
+  }
+  auto config_for = [&](const std::string& name) {
+    return name == "mlp" ? mlp_config : parse_router_policy(name);
+  };
+  std::vector<std::vector<float>> hiddens;  // [scored position][n_embd], for the mlp policy
   std::vector<Position> positions;
   std::vector<RouterSignal> signals;
   std::vector<std::vector<float>> scores(policies.size());
   std::vector<Router> scorers;
-  for (const auto& p : policies) scorers.emplace_back(parse_router_policy(p));
+  for (const auto& p : policies) scorers.emplace_back(config_for(p));
+  const bool want_hidden = !o.router.empty();
   for (int c = 0; c < n_chunks; ++c) {
-    std::vector<TokenId> chunk(all.begin() + static_cast<std::ptrdiff_t>(c) * L,
-                               all.begin() + static_cast<std::ptrdiff_t>(c + 1) * L);
-    if (tok.add_bos()) chunk[0] = tok.bos();
+    const std::vector<TokenId> chunk = text_chunk(all, o.chunk_offset + c, L, tok);
     const size_t base = positions.size();
-    run_chunk(edge_ctx, chunk, first_scored, [&](int i, std::span<const float> logits) {
-      Position p;
-      p.edge_logprob = log_prob(logits, chunk[i + 1]);
-      positions.push_back(p);
-      signals.push_back(router_signal_from_logits(logits, i, 8));
-      for (size_t k = 0; k < policies.size(); ++k)
-        scores[k].push_back(scorers[k].score(signals.back()));
-    });
+    run_chunk(edge_ctx, chunk, first_scored, want_hidden,
+              [&](int i, std::span<const float> logits, std::span<const float> hidden) {
+                Position p;
+                p.edge_logprob = log_prob(logits, chunk[i + 1]);
+                positions.push_back(p);
+                signals.push_back(router_signal_from_logits(logits, i, 8));
+                hiddens.emplace_back(hidden.begin(), hidden.end());
+                signals.back().hidden = hiddens.back();
+                for (size_t k = 0; k < policies.size(); ++k)
+                  scores[k].push_back(scorers[k].score(signals.back()));
+              });
     std::vector<float> cloud_lp;
     if (cloud_ctx) {
-      run_chunk(*cloud_ctx, chunk, first_scored, [&](int i, std::span<const float> logits) {
-        cloud_lp.push_back(log_prob(logits, chunk[i + 1]));
-      });
+      run_chunk(*cloud_ctx, chunk, first_scored, false,
+                [&](int i, std::span<const float> logits, std::span<const float>) {
+                  cloud_lp.push_back(log_prob(logits, chunk[i + 1]));
+                });
     } else {
-      cloud_lp = cloud_logprobs_http(*http, o.api, chunk, first_scored, o.timeout_s);
+      for (const CloudRow& r : cloud_rows_http(*http, o.api, chunk, first_scored, 0, o.timeout_s))
+        cloud_lp.push_back(r.true_logprob);
     }
     for (size_t i = 0; i < cloud_lp.size(); ++i) positions[base + i].cloud_logprob = cloud_lp[i];
     std::fprintf(stderr, "\r[wikitext] chunk %d/%d", c + 1, n_chunks);
   }
   std::fprintf(stderr, "\n");
+  // The hidden rows no longer move: point every signal at its own.
+  for (size_t i = 0; i < signals.size(); ++i) signals[i].hidden = hiddens[i];
 
   const double nll_edge = mean_nll_edge(positions), nll_cloud = mean_nll_cloud(positions);
   json results = {
@@ -181,6 +144,8 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
       {"task", "wikitext"},
       {"source", path},
       {"chunks", n_chunks},
+      {"chunk_offset", o.chunk_offset},
+      {"router", o.router},
       {"chunk_tokens", L},
       {"scored_positions", positions.size()},
       {"edge", {{"path", o.edge_model}, {"nll", nll_edge}, {"ppl", std::exp(nll_edge)}}},
@@ -193,7 +158,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   for (size_t k = 0; k < policies.size(); ++k) {
     for (double rate : o.rates) {
       // Online, as on a device: the controller sees the scores in order.
-      RouterConfig cfg = parse_router_policy(policies[k]);
+      RouterConfig cfg = config_for(policies[k]);
       cfg.target_rate = rate;
       Router router(cfg);
       std::vector<bool> flags;
@@ -275,7 +240,9 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
        << "' index 0 using 2:3 with linespoints title 'oracle' lw 2, "
           "'' index 1 using 2:3 with linespoints title 'confidence', "
           "'' index 2 using 2:3 with linespoints title 'entropy', "
-          "'' index 3 using 2:3 with linespoints title 'margin'\n";
+          "'' index 3 using 2:3 with linespoints title 'margin'"
+       << (o.router.empty() ? "" : ", '' index 4 using 2:3 with linespoints title 'mlp' lw 2")
+       << "\n";
   }
   if (o.plots) {
     const std::string cmd = "gnuplot '" + (fs::path(o.out_dir) / "loglik.gp").string() + "' 2>&1";

@@ -15,6 +15,8 @@ struct WikitextEvalOptions {
   std::string data_dir, out_dir;
   std::vector<double> rates;
   int chunks = 8, chunk_tokens = 512, threads = 0;
+  int chunk_offset = 0;  // first chunk scored (held-out halves: train on [0, n/2), score the rest)
+  std::string router;    // a trained router (GGUF) scored as the "mlp" policy
   double timeout_s = 60;
   bool plots = true, json = false;
 };

@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   commands.push_back(make_run_command(app));
   commands.push_back(make_eval_command(app));
   commands.push_back(make_ui_command(app));
+  commands.push_back(make_router_command(app));
 
   for (int i = 0; i < argc; ++i) {
     std::string a = i == 0 ? "tandem" : argv[i];

@@ -84,6 +84,7 @@ class RunCommand : public Command {
     colour_ = color_ || isatty(STDOUT_FILENO) == 1;
 
     auto model = Model::load(edge_.model);
+    edge_.load_router(*model);
     const Tokenizer& tok = model->tokenizer();
     EdgeDecoder edge(*model, edge_.options, edge_.make_backend(*model));
     const std::string cloud_line = edge.start();

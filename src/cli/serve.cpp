@@ -82,8 +82,9 @@ class ServeCommand : public Command {
     sub_->add_option("--http-threads", http_threads_, "I/O threads")
         ->check(CLI::Range(1, 64))
         ->capture_default_str();
-    sub_->add_option("--session-prefix", sched_.session_prefix,
-                     "Prefix of this replica's session ids (e.g. r1-), for sticky routing by a proxy");
+    sub_->add_option(
+        "--session-prefix", sched_.session_prefix,
+        "Prefix of this replica's session ids (e.g. r1-), for sticky routing by a proxy");
     sub_->add_option("-a,--alias", api_.model_name,
                      "Model name for /v1/models (default: file name)");
   }

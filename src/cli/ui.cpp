@@ -45,6 +45,7 @@ class UiCommand : public Command {
     http_.max_body_bytes = 64 * 1024;
     edge_.resolve();
     auto model = Model::load(edge_.model);
+    edge_.load_router(*model);
     if (edge_.options.mode != EdgeMode::Local || !edge_.cloud.url.empty()) {
       // Fail on a bad URL now rather than on the first request.
       (void)edge_.make_backend(*model);

@@ -1,6 +1,8 @@
 // Router policies and the target-rate controller (see include/tandem/router.h).
 #include "tandem/router.h"
 
+#include "tandem/router_mlp.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -48,6 +50,8 @@ std::string router_policy_name(RouterPolicy policy) {
       return "always";
     case RouterPolicy::Never:
       return "never";
+    case RouterPolicy::Mlp:
+      return "mlp";
   }
   return "?";
 }
@@ -145,6 +149,10 @@ void TargetRateController::observe_score(double score) {
   if (scores_.size() > window_) scores_.pop_front();
 }
 
+void TargetRateController::seed_scores(std::span<const float> scores) {
+  for (float s : scores) observe_score(s);
+}
+
 void TargetRateController::observe_outcome(bool cloud, int n_tokens) {
   if (n_tokens <= 0) return;
   tokens_ += n_tokens;
@@ -163,6 +171,10 @@ Router::Router(const RouterConfig& config) : config_(config), rng_state_(config.
   if (config.target_rate && config.policy != RouterPolicy::Always &&
       config.policy != RouterPolicy::Never && config.policy != RouterPolicy::Random) {
     controller_.emplace(*config.target_rate, config.window);
+    controller_->seed_scores(config.prior_scores);
+  }
+  if (config.policy == RouterPolicy::Mlp && !config.mlp) {
+    throw std::invalid_argument("router policy 'mlp' needs a trained router (--router R.gguf)");
   }
 }
 
@@ -180,6 +192,8 @@ float Router::score(const RouterSignal& s) const {
       return 0.0f;
     case RouterPolicy::Random:
       return 0.0f;  // drawn in decide()
+    case RouterPolicy::Mlp:
+      return config_.mlp->score(s);
   }
   return 0.0f;
 }

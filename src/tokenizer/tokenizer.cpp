@@ -924,10 +924,14 @@ TokenId Tokenizer::find_token(std::string_view text) const {
   return impl_->text_to_token(text);
 }
 
-std::string Tokenizer::fingerprint_hex() const {
+std::string fingerprint_hex(uint64_t fingerprint) {
   char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fingerprint()));
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fingerprint));
   return buf;
+}
+
+std::string Tokenizer::fingerprint_hex() const {
+  return tandem::fingerprint_hex(fingerprint());
 }
 
 uint64_t Tokenizer::fingerprint() const {

@@ -84,7 +84,7 @@ class Tokenizer {
   // Stable 64-bit hash (FNV-1a) of the model kind, token texts and types, and special ids.
   uint64_t fingerprint() const;
   // fingerprint() as 16 lowercase hex digits: the `vocab_hash` of the native protocol, of
-  // router files and of eval results.
+  // router files and of eval results (fingerprint_hex(uint64_t) below).
   std::string fingerprint_hex() const;
 
   const TokenizerImpl& impl() const { return *impl_; }
@@ -116,5 +116,8 @@ class StreamDecoder {
 // and returns the number of trailing bytes of `in` that form an incomplete (but so far valid)
 // sequence and were not consumed. When `final` is true nothing is held back.
 size_t utf8_sanitize_append(std::string_view in, std::string& out, bool final);
+
+// A vocabulary fingerprint as 16 lowercase hex digits (what `vocab_hash` fields hold).
+std::string fingerprint_hex(uint64_t fingerprint);
 
 }  // namespace tandem

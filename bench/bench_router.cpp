@@ -1,0 +1,98 @@
+// The trained router's decision cost per token: features from the signal, the MLP's forward
+// pass, and the target-rate controller, at the default pair's shape (Gemma 3 270M: n_embd 640,
+// top-8) with random weights (the cost does not depend on their values). Compare with the edge
+// model's decode step (`tandem bench -m EDGE -t 1`, tg); the goal is under 2% of it.
+//
+//   ./bench_router --benchmark_repetitions=5
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "tandem/router.h"
+#include "tandem/router_mlp.h"
+
+namespace {
+
+using namespace tandem;
+
+std::shared_ptr<MlpRouterModel> random_model(int n_embd, const std::vector<int>& hidden) {
+  auto m = std::make_shared<MlpRouterModel>();
+  m->spec.n_embd = n_embd;
+  m->spec.top_k = 8;
+  const int F = m->spec.n_features();
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0, 0.05f);
+  m->mean.assign(F, 0.1f);
+  m->scale.assign(F, 1.5f);
+  int n_in = F;
+  std::vector<int> widths = hidden;
+  widths.push_back(1);
+  for (int w : widths) {
+    MlpLayer L;
+    L.n_in = n_in;
+    L.n_out = w;
+    for (int i = 0; i < n_in * w; ++i) L.weight.push_back(nd(rng));
+    L.bias.assign(w, 0.01f);
+    m->layers.push_back(std::move(L));
+    n_in = w;
+  }
+  for (int i = 0; i <= 128; ++i) {
+    m->calib_threshold.push_back(-1 + i / 64.0f);
+    m->calib_share.push_back(1 - i / 128.0f);
+  }
+  m->validate();
+  return m;
+}
+
+void BM_MlpRouterDecide(benchmark::State& state) {
+  const int n_embd = static_cast<int>(state.range(0));
+  const std::vector<int> hidden =
+      state.range(2)
+          ? std::vector<int>{static_cast<int>(state.range(1)), static_cast<int>(state.range(2))}
+          : std::vector<int>{static_cast<int>(state.range(1))};
+  auto model = random_model(n_embd, hidden);
+  std::vector<float> h(n_embd);
+  for (int i = 0; i < n_embd; ++i) h[i] = std::sin(0.37f * i) * 3;
+  RouterSignal s;
+  s.hidden = h;
+  s.top_probs = {0.4f, 0.2f, 0.1f, 0.05f, 0.03f, 0.02f, 0.01f, 0.01f};
+  s.entropy = 2.1f;
+  s.margin = 0.2f;
+  RouterConfig c;
+  c.policy = RouterPolicy::Mlp;
+  c.mlp = model;
+  c.target_rate = 0.07;
+  c.prior_scores = model->prior_scores(c.window);
+  Router router(c);
+  int pos = 0;
+  for (auto _ : state) {
+    s.position = pos++;
+    const RouteDecision d = router.decide(s);
+    router.record(d.cloud, 1);
+    benchmark::DoNotOptimize(d);
+  }
+}
+// n_embd, hidden widths: the default pair's 640 with 64 / 64+32; Qwen2.5-0.5B's 896.
+BENCHMARK(BM_MlpRouterDecide)->Args({640, 64, 0})->Args({640, 64, 32})->Args({896, 64, 0});
+
+// The heuristic policy with the same controller, for comparison.
+void BM_ConfidenceRouterDecide(benchmark::State& state) {
+  RouterSignal s;
+  s.top_probs = {0.4f, 0.2f, 0.1f, 0.05f, 0.03f, 0.02f, 0.01f, 0.01f};
+  RouterConfig c = parse_router_policy("confidence");
+  c.target_rate = 0.07;
+  Router router(c);
+  for (auto _ : state) {
+    const RouteDecision d = router.decide(s);
+    router.record(d.cloud, 1);
+    benchmark::DoNotOptimize(d);
+  }
+}
+BENCHMARK(BM_ConfidenceRouterDecide);
+
+}  // namespace
+
+BENCHMARK_MAIN();

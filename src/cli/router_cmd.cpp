@@ -1,0 +1,460 @@
+// tandem router collect|train|bench: traces of the edge and cloud models over text, a trained
+// router MLP written as GGUF, and the router's decision cost (docs/router.md).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/teacher_forced.h"
+#include "common/error.h"
+#include "net/http_client.h"
+#include "router/router_file.h"
+#include "router/trace.h"
+#include "router/train.h"
+#include "tandem/client.h"
+#include "tandem/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem::cli {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string hms(double s) {
+  char buf[32];
+  const long t = std::lround(std::max(0.0, s));
+  std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  return buf;
+}
+
+class RouterCollect {
+ public:
+  explicit RouterCollect(CLI::App* parent) {
+    sub_ = parent->add_subcommand(
+        "collect",
+        "Run the edge model teacher-forced over WikiText-2 test chunks and the cloud over the "
+        "same tokens; write a trace (features, tokens, log-probs per position) for `router "
+        "train`. Resumes a trace that exists (whole chunks; a half-written tail is cut)");
+    sub_->add_option("-m,--model", model_, "Edge GGUF model")->default_str(default_model_path());
+    sub_->add_option("--cloud-model", cloud_model_, "The cloud model as a local GGUF file");
+    sub_->add_option("--cloud", cloud_url_, "Or a cloud URL (tandem serve / vLLM /v1/completions)");
+    sub_->add_option("--cloud-api", api_, "tandem | openai")->capture_default_str();
+    sub_->add_option("--api-key", api_key_, "Cloud API key");
+    sub_->add_option("--out", out_, "Trace file to write or resume")->required();
+    sub_->add_option("--chunks", chunks_, "WikiText-2 chunks to trace")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+    sub_->add_option("--chunk-offset", chunk_offset_,
+                     "First chunk (sequence ids are chunk indices)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    sub_->add_option("--chunk-tokens", chunk_tokens_, "Tokens per chunk")
+        ->check(CLI::Range(16, 1 << 16))
+        ->capture_default_str();
+    sub_->add_option("--first-position", first_position_,
+                     "Record positions from this one on (earlier ones only give context)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    sub_->add_option("--top-k", top_k_, "Edge log-probabilities per position in the features")
+        ->check(CLI::Range(2, 64))
+        ->capture_default_str();
+    sub_->add_option("--cloud-top-n", cloud_top_n_,
+                     "Over HTTP: the cloud's top-n per position (the edge token's log-prob is "
+                     "exact when among them, else bounded by the n-th)")
+        ->check(CLI::Range(1, 100))
+        ->capture_default_str();
+    sub_->add_option("--data", data_, "The benchmark data folder")->capture_default_str();
+    sub_->add_option("-t,--threads", threads_, "Threads (default: all cores)");
+    sub_->add_option("--cloud-timeout", timeout_s_, "Seconds per cloud request")
+        ->capture_default_str();
+    sub_->add_flag("--overwrite", overwrite_, "Start the trace afresh instead of resuming");
+  }
+  bool parsed() const { return sub_->parsed(); }
+
+  int run() {
+    if (model_.empty()) model_ = default_model_path();
+    if (cloud_model_.empty() == cloud_url_.empty())
+      throw Error("router collect: give the cloud as --cloud-model FILE or --cloud URL (one)");
+    auto edge = Model::load(model_);
+    const Tokenizer& tok = edge->tokenizer();
+    std::unique_ptr<Model> cloud;
+    std::unique_ptr<net::HttpClient> http;
+    if (!cloud_model_.empty()) {
+      cloud = Model::load(cloud_model_);
+      if (cloud->tokenizer().fingerprint() != tok.fingerprint()) {
+        throw Error("--cloud-model " + cloud_model_ + " has another vocabulary (hash " +
+                    cloud->tokenizer().fingerprint_hex() + ") than " + model_ + " (hash " +
+                    tok.fingerprint_hex() + ")");
+      }
+    } else {
+      net::HttpOptions ho;
+      ho.api_key = api_key_;
+      http = std::make_unique<net::HttpClient>(net::parse_url(cloud_url_), ho);
+    }
+    const int L = chunk_tokens_;
+    if (first_position_ >= L - 1) throw Error("--first-position must be below --chunk-tokens - 1");
+    const std::vector<TokenId> all = wikitext_tokens(data_, tok);
+    const int total = static_cast<int>(all.size() / L);
+    const int n_chunks = std::min(chunks_, total - chunk_offset_);
+    if (n_chunks < 1) {
+      throw Error("WikiText-2 test has " + std::to_string(total) + " chunks of " +
+                  std::to_string(L) + " tokens; --chunk-offset " + std::to_string(chunk_offset_) +
+                  " leaves none");
+    }
+
+    router::TraceHeader header;
+    header.n_embd = static_cast<uint32_t>(edge->info().n_embd);
+    header.top_k = static_cast<uint32_t>(top_k_);
+    header.n_vocab = static_cast<uint32_t>(edge->info().n_vocab);
+    header.vocab_fingerprint = tok.fingerprint();
+    header.model_name = edge->info().name;
+    router::TraceWriter writer(out_, header, !overwrite_);
+    if (writer.n_present()) {
+      std::fprintf(stderr, "[collect] resuming %s: %zu sequences present%s\n", out_.c_str(),
+                   writer.n_present(),
+                   writer.cut_bytes() ? (", cut a half-written tail of " +
+                                         std::to_string(writer.cut_bytes()) + " bytes")
+                                            .c_str()
+                                      : "");
+    }
+
+    ContextParams cp;
+    cp.n_ctx = L;
+    cp.n_threads = threads_;
+    Context edge_ctx(*edge, cp);
+    std::unique_ptr<Context> cloud_ctx;
+    if (cloud) cloud_ctx = std::make_unique<Context>(*cloud, cp);
+    // Rows per forward pass: each row's logits are n_vocab floats (1 MiB for Gemma's 262k).
+    constexpr int kMaxRows = 128;
+
+    const auto t0 = Clock::now();
+    int done = 0, todo = 0;
+    for (int c = 0; c < n_chunks; ++c) todo += !writer.has(chunk_offset_ + c);
+    size_t records = 0;
+    for (int c = 0; c < n_chunks; ++c) {
+      const int id = chunk_offset_ + c;
+      if (writer.has(id)) continue;
+      const std::vector<TokenId> chunk = text_chunk(all, id, L, tok);
+      router::TraceSequence seq;
+      seq.id = static_cast<uint64_t>(id);
+      // The edge's rows of one window as log-probabilities, [rows][n_vocab], kept until the
+      // cloud's rows of the same window give the KL divergence.
+      std::vector<float> edge_logp;
+      std::vector<CloudRow> http_rows;
+      if (http) {
+        http_rows = cloud_rows_http(*http, api_, chunk, first_position_, cloud_top_n_, timeout_s_);
+      }
+      const int V = edge->info().n_vocab;
+      auto on_edge_row = [&](int i, std::span<const float> logits, std::span<const float> hidden) {
+        router::TraceRecord r;
+        r.position = i;
+        r.true_token = chunk[i + 1];
+        r.edge_top1 = argmax(logits);
+        const double lse = log_normalizer(logits);
+        r.edge_lp_true = static_cast<float>(logits[chunk[i + 1]] - lse);
+        const RouterSignal s = router_signal_from_logits(logits, i, top_k_);
+        r.entropy = s.entropy;
+        r.margin = s.margin;
+        for (float p : s.top_probs) r.log_top.push_back(std::log(p));
+        r.hidden.assign(hidden.begin(), hidden.end());
+        if (!http_rows.empty()) {
+          // The cloud's answer for this row came first (one request per chunk).
+          const CloudRow& c = http_rows[i - first_position_];
+          r.cloud_lp_true = c.true_logprob;
+          r.cloud_top1 = c.top.front().first;
+          r.cloud_lp_edge = c.top.back().second;
+          r.flags |= router::kCloudEdgeLogprobIsBound | router::kKlOverCloudTopN;
+          double kl = 0;
+          for (const auto& [tok_id, lp] : c.top) {
+            if (tok_id == r.edge_top1) {
+              r.cloud_lp_edge = lp;
+              r.flags &= ~router::kCloudEdgeLogprobIsBound;
+            }
+            kl += std::exp(static_cast<double>(lp)) * (lp - (logits[tok_id] - lse));
+          }
+          r.kl_cloud_edge = static_cast<float>(std::max(0.0, kl));
+          seq.records.push_back(std::move(r));
+          return;
+        }
+        seq.records.push_back(std::move(r));
+        const size_t at = edge_logp.size();
+        edge_logp.resize(at + V);
+        for (int v = 0; v < V; ++v) edge_logp[at + v] = static_cast<float>(logits[v] - lse);
+      };
+      edge_ctx.clear(0);
+      if (cloud_ctx) {
+        cloud_ctx->clear(0);
+        // Both models advance one window at a time: rows of n_vocab floats stay bounded.
+        while (edge_ctx.seq_length(0) < L) {
+          const int end = std::min(L, std::max(edge_ctx.seq_length(0), first_position_) + kMaxRows);
+          const size_t first_record = seq.records.size();
+          edge_logp.clear();
+          extend_chunk(edge_ctx, chunk, end, first_position_, true, on_edge_row);
+          extend_chunk(*cloud_ctx, chunk, end, first_position_, false,
+                       [&](int i, std::span<const float> logits, std::span<const float>) {
+                         router::TraceRecord& r = seq.records[i - first_position_];
+                         const float* le =
+                             edge_logp.data() + (i - first_position_ - first_record) * V;
+                         const double lse = log_normalizer(logits);
+                         r.cloud_top1 = argmax(logits);
+                         r.cloud_lp_edge = static_cast<float>(logits[r.edge_top1] - lse);
+                         r.cloud_lp_true = static_cast<float>(logits[chunk[i + 1]] - lse);
+                         double kl = 0;
+                         for (int v = 0; v < V; ++v) {
+                           const double lc = logits[v] - lse;
+                           kl += std::exp(lc) * (lc - le[v]);
+                         }
+                         r.kl_cloud_edge = static_cast<float>(std::max(0.0, kl));
+                       });
+        }
+      } else {
+        while (edge_ctx.seq_length(0) < L) {
+          const int end = std::min(L, std::max(edge_ctx.seq_length(0), first_position_) + kMaxRows);
+          extend_chunk(edge_ctx, chunk, end, first_position_, true, on_edge_row);
+        }
+      }
+      records += seq.records.size();
+      writer.append(seq);
+      ++done;
+      const double el = seconds_since(t0);
+      std::fprintf(stderr, "\r[collect] chunk %d/%d  %.1f s/chunk  elapsed %s  ETA %s   ", done,
+                   todo, el / done, hms(el).c_str(), hms(el / done * (todo - done)).c_str());
+    }
+    std::fprintf(stderr, "\n[collect] wrote %zu positions in %d sequences to %s (%zu in all)\n",
+                 records, done, out_.c_str(), writer.n_present());
+    return 0;
+  }
+
+ private:
+  CLI::App* sub_;
+  std::string model_, cloud_model_, cloud_url_, api_ = "tandem", api_key_, out_,
+                                                data_ = "../shared/data";
+  int chunks_ = 24, chunk_offset_ = 0, chunk_tokens_ = 512, first_position_ = 0, top_k_ = 8,
+      cloud_top_n_ = 20, threads_ = 0;
+  double timeout_s_ = 120;
+  bool overwrite_ = false;
+};
+
+class RouterTrain {
+ public:
+  explicit RouterTrain(CLI::App* parent) {
+    sub_ = parent->add_subcommand(
+        "train",
+        "Train a router MLP on traces (validation split by sequence, early stopping); print "
+        "ROC-AUC, PR-AUC and the cloud-share curves; write the router as GGUF");
+    sub_->add_option("--traces", traces_, "Trace file(s) from `router collect`")->required();
+    sub_->add_option("--out", out_, "Router GGUF file to write")->required();
+    sub_->add_option("--label", label_, "disagree | critical[:TAU] | gain | gain:Q | kl | kl:log")
+        ->capture_default_str();
+    sub_->add_option("--hidden", hidden_, "Hidden layer widths, e.g. 64 or 64,32")
+        ->delimiter(',')
+        ->capture_default_str();
+    sub_->add_option("--epochs", o_.epochs, "Epochs at most")->capture_default_str();
+    sub_->add_option("--patience", o_.patience, "Epochs without a better validation loss")
+        ->capture_default_str();
+    sub_->add_option("--batch", o_.batch, "Rows per step")->check(CLI::Range(1, 1 << 16));
+    sub_->add_option("--lr", o_.lr, "Adam learning rate")->capture_default_str();
+    sub_->add_option("--weight-decay", o_.weight_decay, "Decoupled weight decay")
+        ->capture_default_str();
+    sub_->add_option("--val-fraction", o_.val_fraction, "Sequences held out for validation")
+        ->check(CLI::Range(0.01, 0.9))
+        ->capture_default_str();
+    sub_->add_option("--seed", o_.seed, "Seed for initialisation, split and shuffling")
+        ->capture_default_str();
+    sub_->add_option("--min-position", min_position_,
+                     "Train and validate on positions from this one on (the wikitext eval scores "
+                     "the second half of each chunk: 256 for chunks of 512)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    sub_->add_flag("--no-class-weight", no_class_weight_,
+                   "Do not weight the rarer class up (classification labels)");
+    sub_->add_flag("--json", json_, "Print the training summary as JSON on stdout");
+  }
+  bool parsed() const { return sub_->parsed(); }
+
+  int run() {
+    router::LabelSpec label;
+    try {
+      label = router::parse_label(label_);
+    } catch (const std::invalid_argument& e) {
+      throw Error(e.what());
+    }
+    router::TraceFile trace = router::read_trace(traces_[0]);
+    for (size_t i = 1; i < traces_.size(); ++i) {
+      router::TraceFile more = router::read_trace(traces_[i]);
+      if (!(more.header == trace.header)) {
+        throw Error(traces_[i] + ": its header (model, n_embd, top_k, vocabulary) differs from " +
+                    traces_[0] + "'s");
+      }
+      for (auto& s : more.sequences) trace.sequences.push_back(std::move(s));
+    }
+    const router::Dataset data = router::make_dataset(trace, label, min_position_);
+    std::fprintf(stderr, "[train] %zu positions from %zu sequences, %d features, label %s\n",
+                 data.n(), trace.sequences.size(), data.spec.n_features(),
+                 label.describe().c_str());
+    o_.hidden = hidden_;
+    o_.class_weighting = !no_class_weight_;
+    const router::TrainResult r = router::train_router(data, label, o_);
+    const router::Metrics& m = r.val;
+
+    std::fprintf(stderr,
+                 "[train] best epoch %d of %d; validation: %zu positions in %zu sequences, "
+                 "ROC-AUC %.4f, PR-AUC %.4f (positive rate %.3f%s)\n",
+                 r.best_epoch, r.epochs_run, r.n_val, r.n_val_seq, m.roc_auc, m.pr_auc,
+                 m.positive_rate, label.regression() ? ", positives: the top 10% by gain" : "");
+    std::fprintf(stderr,
+                 "  cloud share | recall | gap recovered | oracle | of the oracle | by the "
+                 "recorded KL | entropy policy\n");
+    json curve = json::array();
+    for (size_t i = 0; i < m.shares.size(); ++i) {
+      const double of =
+          m.oracle_gap_recovered[i] > 0 ? m.gap_recovered[i] / m.oracle_gap_recovered[i] : 0.0;
+      std::fprintf(stderr,
+                   "  %10.0f%% | %5.1f%% | %12.1f%% | %5.1f%% | %12.0f%% | %17.1f%% | %13.1f%%\n",
+                   100 * m.shares[i], 100 * m.recall[i], 100 * m.gap_recovered[i],
+                   100 * m.oracle_gap_recovered[i], 100 * of,
+                   i < m.kl_gap_recovered.size() ? 100 * m.kl_gap_recovered[i] : NAN,
+                   100 * r.val_entropy.gap_recovered[i]);
+      curve.push_back({{"share", m.shares[i]},
+                       {"recall", m.recall[i]},
+                       {"gap_recovered", m.gap_recovered[i]},
+                       {"oracle_gap_recovered", m.oracle_gap_recovered[i]},
+                       {"entropy_gap_recovered", r.val_entropy.gap_recovered[i]}});
+    }
+    json summary = {{"traces", traces_},
+                    {"label", label.describe()},
+                    {"positions", data.n()},
+                    {"train_positions", r.n_train},
+                    {"val_positions", r.n_val},
+                    {"train_sequences", r.n_train_seq},
+                    {"val_sequences", r.n_val_seq},
+                    {"hidden", hidden_},
+                    {"min_position", min_position_},
+                    {"best_epoch", r.best_epoch},
+                    {"epochs_run", r.epochs_run},
+                    {"train_loss", r.train_loss},
+                    {"val_loss", r.val_loss},
+                    {"val_roc_auc", m.roc_auc},
+                    {"val_pr_auc", m.pr_auc},
+                    {"val_positive_rate", m.positive_rate},
+                    {"val_curve", curve},
+                    {"seed", o_.seed}};
+    router::RouterFileInfo info;
+    info.vocab_hash = fingerprint_hex(trace.header.vocab_fingerprint);
+    info.n_vocab = trace.header.n_vocab;
+    info.edge_name = trace.header.model_name;
+    info.label = label.describe();
+    info.training_json = summary.dump();
+    router::save_router(out_, r.model, info);
+    std::fprintf(stderr, "[train] wrote %s\n", out_.c_str());
+    if (json_) std::printf("%s\n", summary.dump(1).c_str());
+    return 0;
+  }
+
+ private:
+  CLI::App* sub_;
+  std::vector<std::string> traces_;
+  std::string out_, label_ = "kl";
+  std::vector<int> hidden_ = {64};
+  int min_position_ = 0;
+  router::TrainOptions o_;
+  bool no_class_weight_ = false, json_ = false;
+};
+
+class RouterBench {
+ public:
+  explicit RouterBench(CLI::App* parent) {
+    sub_ = parent->add_subcommand(
+        "bench", "Time the trained router's decision (features + MLP) per token, median of runs");
+    sub_->add_option("--router", router_, "Router GGUF file")->required();
+    sub_->add_option("-n", n_, "Decisions per run")->check(CLI::Range(1, 10000000));
+    sub_->add_option("-r", runs_, "Runs")->check(CLI::Range(1, 1000));
+    sub_->add_flag("--json", json_, "Print {\"us_per_decision\",\"sd\"} on stdout");
+  }
+  bool parsed() const { return sub_->parsed(); }
+
+  int run() {
+    const auto loaded = router::load_router(router_);
+    const MlpRouterModel& m = *loaded.model;
+    // A realistic signal: a hidden state of the right width, k descending probabilities.
+    std::vector<float> hidden(m.spec.n_embd);
+    for (int i = 0; i < m.spec.n_embd; ++i) hidden[i] = std::sin(0.37f * i) * 3;
+    RouterSignal s;
+    s.hidden = hidden;
+    for (int i = 0; i < m.spec.top_k; ++i) s.top_probs.push_back(0.5f / (1 << i));
+    s.entropy = 2.1f;
+    s.margin = s.top_probs[0] - s.top_probs[1];
+    RouterConfig cfg;
+    cfg.policy = RouterPolicy::Mlp;
+    cfg.mlp = loaded.model;
+    cfg.target_rate = 0.07;
+    cfg.prior_scores = m.prior_scores(cfg.window);
+    Router router(cfg);
+    std::vector<double> us;
+    float sink = 0;
+    for (int r = 0; r < runs_; ++r) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < n_; ++i) {
+        s.position = i;
+        const RouteDecision d = router.decide(s);
+        router.record(d.cloud, 1);
+        sink += d.score;
+      }
+      us.push_back(seconds_since(t0) * 1e6 / n_);
+    }
+    std::sort(us.begin(), us.end());
+    double mean = 0, sd = 0;
+    for (double u : us) mean += u / us.size();
+    for (double u : us) sd += (u - mean) * (u - mean) / us.size();
+    sd = std::sqrt(sd);
+    std::fprintf(stderr,
+                 "router decision (features, %d-feature MLP, target-rate controller): median "
+                 "%.2f us, sd %.2f, over %d runs of %d (checksum %g)\n",
+                 m.spec.n_features(), us[us.size() / 2], sd, runs_, n_, sink);
+    if (json_)
+      std::printf("%s\n", json{{"us_per_decision", us[us.size() / 2]}, {"sd", sd}}.dump().c_str());
+    return 0;
+  }
+
+ private:
+  CLI::App* sub_;
+  std::string router_;
+  int n_ = 20000, runs_ = 5;
+  bool json_ = false;
+};
+
+class RouterCommand : public Command {
+ public:
+  explicit RouterCommand(CLI::App& app)
+      : Command(app.add_subcommand("router", "Learned routers: collect traces, train, bench")),
+        collect_(sub_),
+        train_(sub_),
+        bench_(sub_) {
+    sub_->require_subcommand(1);
+  }
+  int run() override {
+    if (collect_.parsed()) return collect_.run();
+    if (train_.parsed()) return train_.run();
+    if (bench_.parsed()) return bench_.run();
+    return 2;
+  }
+
+ private:
+  RouterCollect collect_;
+  RouterTrain train_;
+  RouterBench bench_;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> make_router_command(CLI::App& app) {
+  return std::make_unique<RouterCommand>(app);
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,138 @@
+// Teacher forcing over text (see teacher_forced.h).
+#include "cli/teacher_forced.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "net/http_client.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem::cli {
+
+using json = nlohmann::json;
+
+double log_normalizer(std::span<const float> logits) {
+  float mx = -INFINITY;
+  for (float v : logits) mx = std::max(mx, v);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
+  return mx + std::log(sum);
+}
+
+float log_prob(std::span<const float> logits, TokenId token) {
+  return static_cast<float>(logits[token] - log_normalizer(logits));
+}
+
+TokenId argmax(std::span<const float> logits) {
+  return static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Tokenizer& tok) {
+  const std::string path = data_dir + "/wikitext-2/test.txt";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read " + path);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  return tok.encode(text, false, false);
+}
+
+std::vector<TokenId> text_chunk(const std::vector<TokenId>& all, int c, int L,
+                                const Tokenizer& tok) {
+  std::vector<TokenId> chunk(all.begin() + static_cast<std::ptrdiff_t>(c) * L,
+                             all.begin() + static_cast<std::ptrdiff_t>(c + 1) * L);
+  if (tok.add_bos()) chunk[0] = tok.bos();
+  return chunk;
+}
+
+void extend_chunk(
+    Context& ctx, const std::vector<TokenId>& chunk, int end, int want_from, bool want_hidden,
+    const std::function<void(int, std::span<const float>, std::span<const float>)>& fn) {
+  const int n = static_cast<int>(chunk.size());
+  const int start = ctx.seq_length(0);
+  std::vector<BatchToken> batch;
+  for (int i = start; i < end; ++i) {
+    const bool want = i >= want_from && i + 1 < n;
+    batch.push_back({chunk[i], i, 0, want, want && want_hidden});
+  }
+  if (batch.empty()) return;
+  ctx.decode(batch);
+  for (int i = std::max(start, want_from); i < end && i + 1 < n; ++i) {
+    const int b = i - start;
+    fn(i, ctx.logits(b), want_hidden ? ctx.hidden(b) : std::span<const float>());
+  }
+}
+
+void run_chunk(Context& ctx, const std::vector<TokenId>& chunk, int first_row, bool want_hidden,
+               const std::function<void(int, std::span<const float>, std::span<const float>)>& fn,
+               int max_rows) {
+  ctx.clear(0);
+  const int n = static_cast<int>(chunk.size());
+  // Forward passes end after every max_rows wanted rows; the first one also holds the unwanted
+  // prefix [0, first_row).
+  while (ctx.seq_length(0) < n) {
+    const int end = std::min(n, std::max(ctx.seq_length(0), first_row) + max_rows);
+    extend_chunk(ctx, chunk, end, first_row, want_hidden, fn);
+  }
+}
+
+std::vector<CloudRow> cloud_rows_http(net::HttpClient& http, const std::string& api,
+                                      const std::vector<TokenId>& chunk, int first_row, int top_n,
+                                      double timeout_s) {
+  json req;
+  std::string path;
+  if (api == "sglang") {
+    if (top_n > 0) {
+      throw Error(
+          "the cloud's top tokens per prompt position come from --cloud-api tandem|openai "
+          "(/v1/completions prompt_logprobs) or --cloud-model, not sglang");
+    }
+    path = "/generate";
+    req = {{"input_ids", chunk},
+           {"sampling_params", {{"max_new_tokens", 0}, {"temperature", 0}}},
+           {"return_logprob", true},
+           {"logprob_start_len", 0}};
+  } else {
+    path = "/v1/completions";
+    req = {{"prompt", chunk}, {"max_tokens", 0}, {"temperature", 0}, {"prompt_logprobs", top_n}};
+  }
+  const auto res = http.request("POST", path, req.dump(),
+                                std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  if (res.status != 200) {
+    throw Error("the cloud answered " + std::to_string(res.status) + " to " + path + ": " +
+                res.body.substr(0, 300));
+  }
+  const json j = json::parse(res.body, nullptr, false);
+  std::vector<CloudRow> out;
+  for (int i = first_row; i + 1 < static_cast<int>(chunk.size()); ++i) {
+    const TokenId want = chunk[i + 1];
+    CloudRow row;
+    if (api == "sglang") {
+      const json& in = j.at("meta_info").at("input_token_logprobs");
+      if (in.at(i + 1).at(1).get<int>() != want) throw Error("SGLang answered for another token");
+      row.true_logprob = static_cast<float>(in.at(i + 1).at(0).get<double>());
+    } else {
+      const json& pl = j.at("choices").at(0).at("prompt_logprobs").at(i + 1);
+      row.true_logprob =
+          static_cast<float>(pl.at(std::to_string(want)).at("logprob").get<double>());
+      // Entries with a rank are the cloud's top-n (the true token's own entry has one only when
+      // it is among them, or always with vLLM, whose rank may then exceed n).
+      for (const auto& [id, e] : pl.items()) {
+        if (!e.contains("rank") || e.at("rank").get<int>() > top_n) continue;
+        row.top.emplace_back(static_cast<TokenId>(std::stol(id)),
+                             static_cast<float>(e.at("logprob").get<double>()));
+      }
+      std::sort(row.top.begin(), row.top.end(),
+                [](const auto& a, const auto& b) { return a.second > b.second; });
+      if (top_n > 0 && row.top.empty())
+        throw Error("the cloud sent no top log-probabilities for prompt position " +
+                    std::to_string(i + 1) + " (prompt_logprobs " + std::to_string(top_n) + ")");
+    }
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,62 @@
+// Teacher forcing over text for `tandem eval --task wikitext` and `tandem router collect`: the
+// WikiText-2 chunks, one model's rows over a chunk, and the cloud's prompt log-probabilities over
+// HTTP (tandem serve's or vLLM's /v1/completions `prompt_logprobs`, SGLang's /generate).
+#pragma once
+
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tandem/engine.h"
+
+namespace tandem {
+class Tokenizer;
+namespace net {
+class HttpClient;
+}
+}  // namespace tandem
+
+namespace tandem::cli {
+
+// log Σ exp(logits): log p(t) = logits[t] − log_normalizer(logits).
+double log_normalizer(std::span<const float> logits);
+// log p(token) from a logits row.
+float log_prob(std::span<const float> logits, TokenId token);
+TokenId argmax(std::span<const float> logits);
+
+// WikiText-2 test (data_dir/wikitext-2/test.txt) as one token stream, no BOS.
+std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Tokenizer& tok);
+// Chunk c of `chunk_tokens` tokens, its first token replaced by BOS where the vocabulary adds one
+// (as llama-perplexity does).
+std::vector<TokenId> text_chunk(const std::vector<TokenId>& all, int c, int chunk_tokens,
+                                const Tokenizer& tok);
+
+// Extends sequence 0 of ctx (which holds chunk[0, ctx.seq_length(0))) up to position `end`
+// (exclusive) in one forward pass and calls fn(i, logits row, hidden row) for the new rows
+// i >= want_from that have a next token.
+void extend_chunk(
+    Context& ctx, const std::vector<TokenId>& chunk, int end, int want_from, bool want_hidden,
+    const std::function<void(int, std::span<const float>, std::span<const float>)>& fn);
+
+// Runs a chunk through a model from position 0 and calls fn(i, logits row, hidden row) for every
+// row i in [first_row, n − 1) (rows that have a next token); hidden is empty unless asked for.
+// At most max_rows rows per forward pass (their logits are n_vocab floats each).
+void run_chunk(Context& ctx, const std::vector<TokenId>& chunk, int first_row, bool want_hidden,
+               const std::function<void(int, std::span<const float>, std::span<const float>)>& fn,
+               int max_rows = 1 << 30);
+
+// The cloud's view of row i (predicting chunk[i + 1]).
+struct CloudRow {
+  float true_logprob = 0;                      // log p_cloud(chunk[i + 1])
+  std::vector<std::pair<TokenId, float>> top;  // most likely first (empty unless asked for)
+};
+
+// Rows [first_row, n − 1) from a cloud over HTTP in one request. top_n > 0 asks for the cloud's
+// top-n per row (tandem/openai API only).
+std::vector<CloudRow> cloud_rows_http(net::HttpClient& http, const std::string& api,
+                                      const std::vector<TokenId>& chunk, int first_row, int top_n,
+                                      double timeout_s);
+
+}  // namespace tandem::cli

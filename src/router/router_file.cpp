@@ -1,0 +1,160 @@
+// Router GGUF files (layout in router_file.h).
+#include "router/router_file.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "common/error.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
+
+namespace tandem::router {
+namespace {
+
+constexpr uint32_t kRouterFileVersion = 1;
+constexpr const char* kArch = "tandem-router";
+
+uint64_t fnv1a(uint64_t h, const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ull;
+
+std::span<const uint8_t> bytes_of(const std::vector<float>& v) {
+  return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float)};
+}
+
+}  // namespace
+
+void save_router(const std::string& path, const MlpRouterModel& m, const RouterFileInfo& info) {
+  m.validate();
+  GgufWriter w;
+  w.set_string("general.architecture", kArch);
+  w.set_string("general.name", "tandem router for " + info.edge_name);
+  w.set_u32("tandem_router.version", kRouterFileVersion);
+  w.set_string("tandem_router.features", m.spec.describe());
+  w.set_u32("tandem_router.n_embd", static_cast<uint32_t>(m.spec.n_embd));
+  w.set_u32("tandem_router.top_k", static_cast<uint32_t>(m.spec.top_k));
+  w.set_u32("tandem_router.n_layers", static_cast<uint32_t>(m.layers.size()));
+  w.set_string("tandem_router.activation", "relu");
+  w.set_string("tandem_router.edge.vocab_hash", info.vocab_hash);
+  w.set_u32("tandem_router.edge.n_vocab", info.n_vocab);
+  w.set_string("tandem_router.edge.name", info.edge_name);
+  w.set_string("tandem_router.label", info.label);
+  w.set_string("tandem_router.training", info.training_json);
+  w.set_array("tandem_router.calibration.threshold", m.calib_threshold);
+  w.set_array("tandem_router.calibration.share", m.calib_share);
+
+  uint64_t hash = kFnvBasis;
+  auto add = [&](const std::string& name, const std::vector<float>& data, int64_t ne0,
+                 int64_t ne1) {
+    const int64_t ne2[2] = {ne0, ne1};
+    const auto bytes = bytes_of(data);
+    w.add_tensor(name, TensorType::F32, std::span<const int64_t>(ne2, ne1 > 1 ? 2 : 1), bytes);
+    hash = fnv1a(hash, bytes.data(), bytes.size());
+  };
+  add("feature.mean", m.mean, static_cast<int64_t>(m.mean.size()), 1);
+  add("feature.scale", m.scale, static_cast<int64_t>(m.scale.size()), 1);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const MlpLayer& L = m.layers[l];
+    add("layer." + std::to_string(l) + ".weight", L.weight, L.n_in, L.n_out);
+    add("layer." + std::to_string(l) + ".bias", L.bias, L.n_out, 1);
+  }
+  w.set_u64("tandem_router.weights_hash", hash);
+  w.write(path);
+}
+
+LoadedRouter load_router(const std::string& path, const RouterExpectations& expect) {
+  const auto f = GgufFile::open(path);
+  auto fail = [&](const std::string& what) -> Error { return Error(path + ": " + what); };
+  const auto arch = f->get_string_opt("general.architecture");
+  if (!arch || *arch != kArch) {
+    throw fail("not a tandem router (general.architecture is '" +
+               std::string(arch ? *arch : "<missing>") + "', expected '" + kArch + "')");
+  }
+  const uint64_t version = f->get_u64("tandem_router.version");
+  if (version != kRouterFileVersion) {
+    throw fail("router file version " + std::to_string(version) + " (this build reads " +
+               std::to_string(kRouterFileVersion) + ")");
+  }
+  LoadedRouter out;
+  auto m = std::make_shared<MlpRouterModel>();
+  m->spec.n_embd = static_cast<int>(f->get_u64("tandem_router.n_embd"));
+  m->spec.top_k = static_cast<int>(f->get_u64("tandem_router.top_k"));
+  const uint64_t n_layers = f->get_u64("tandem_router.n_layers");
+  out.info.vocab_hash = std::string(f->get_string("tandem_router.edge.vocab_hash"));
+  out.info.n_vocab = static_cast<uint32_t>(f->get_u64("tandem_router.edge.n_vocab"));
+  out.info.edge_name = std::string(f->get_string_opt("tandem_router.edge.name").value_or(""));
+  out.info.label = std::string(f->get_string_opt("tandem_router.label").value_or(""));
+  out.info.training_json = std::string(f->get_string_opt("tandem_router.training").value_or(""));
+
+  const std::string for_model = expect.edge_path.empty() ? "the edge model" : expect.edge_path;
+  if (!expect.vocab_hash.empty() && expect.vocab_hash != out.info.vocab_hash) {
+    throw fail("this router was trained for another model: its vocabulary hash is " +
+               out.info.vocab_hash + " ('" + out.info.edge_name + "'), " + for_model + "'s is " +
+               expect.vocab_hash);
+  }
+  if (expect.n_vocab && expect.n_vocab != out.info.n_vocab) {
+    throw fail("this router was trained for another model: n_vocab " +
+               std::to_string(out.info.n_vocab) + ", " + for_model + " has " +
+               std::to_string(expect.n_vocab));
+  }
+  if (expect.n_embd && expect.n_embd != m->spec.n_embd) {
+    throw fail("this router was trained for another model: hidden width (n_embd) " +
+               std::to_string(m->spec.n_embd) + ", " + for_model + " has " +
+               std::to_string(expect.n_embd));
+  }
+  const std::string features(f->get_string("tandem_router.features"));
+  if (features != m->spec.describe()) {
+    throw fail("feature spec '" + features + "' is not the one this build computes ('" +
+               m->spec.describe() + "')");
+  }
+
+  uint64_t hash = kFnvBasis;
+  auto tensor = [&](const std::string& name, int64_t ne0, int64_t ne1) {
+    const GgufTensorInfo* t = f->find_tensor(name);
+    if (!t) throw fail("tensor '" + name + "' is missing");
+    if (t->type != TensorType::F32 || t->ne[0] != ne0 || t->n_rows() != ne1) {
+      throw fail("tensor '" + name + "' is " + t->shape_string() + ", expected [" +
+                 std::to_string(ne0) + (ne1 > 1 ? ", " + std::to_string(ne1) : "") + "] F32");
+    }
+    std::vector<float> v(static_cast<size_t>(ne0 * ne1));
+    std::memcpy(v.data(), t->data, v.size() * sizeof(float));
+    hash = fnv1a(hash, t->data, v.size() * sizeof(float));
+    return v;
+  };
+  const int F = m->spec.n_features();
+  if (n_layers < 1 || n_layers > 8) throw fail(std::to_string(n_layers) + " layers (1..8)");
+  m->mean = tensor("feature.mean", F, 1);
+  m->scale = tensor("feature.scale", F, 1);
+  int n_in = F;
+  for (uint64_t l = 0; l < n_layers; ++l) {
+    const std::string base = "layer." + std::to_string(l);
+    const GgufTensorInfo* t = f->find_tensor(base + ".weight");
+    if (!t) throw fail("tensor '" + base + ".weight' is missing");
+    MlpLayer L;
+    L.n_in = n_in;
+    L.n_out = static_cast<int>(t->n_rows());
+    if (L.n_out < 1 || L.n_out > 4096) throw fail("tensor '" + base + ".weight' has bad shape");
+    L.weight = tensor(base + ".weight", n_in, L.n_out);
+    L.bias = tensor(base + ".bias", L.n_out, 1);
+    n_in = L.n_out;
+    m->layers.push_back(std::move(L));
+  }
+  const uint64_t stored = f->get_u64("tandem_router.weights_hash");
+  if (stored != hash) {
+    throw fail("the weights are damaged: tandem_router.weights_hash is " + std::to_string(stored) +
+               ", the tensors hash to " + std::to_string(hash));
+  }
+  m->calib_threshold = f->get_f32_array("tandem_router.calibration.threshold");
+  m->calib_share = f->get_f32_array("tandem_router.calibration.share");
+  try {
+    m->validate();
+  } catch (const std::invalid_argument& e) {
+    throw fail(e.what());
+  }
+  out.model = std::move(m);
+  return out;
+}
+
+}  // namespace tandem::router

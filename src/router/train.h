@@ -1,0 +1,94 @@
+// Training a router MLP from traces: labels, a split by sequence, Adam, early stopping, metrics
+// and a calibration table. Written here because Debian bookworm's mlpack/ensmallen are not
+// installable from this project's mirror (docs/router.md); the optimiser is ~40 lines.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "router/trace.h"
+#include "tandem/router_mlp.h"
+
+namespace tandem::router {
+
+// What the router learns to predict.
+//   disagree       classify: edge top-1 != cloud top-1
+//   critical:TAU   classify: the cloud's log-probability of the edge token < TAU (default -2)
+//   gain           regress the cloud's gain on the true token, log p_cloud − log p_edge (the
+//                  oracle's criterion: ranking by its expectation maximises the gap recovered)
+//   gain:Q         classify: the top Q fraction of positions by that gain
+//   kl             regress KL(cloud || edge) of the two next-token distributions: the gain's
+//                  expectation were the cloud the truth, a far less noisy target than one
+//                  sampled token's gain
+//   kl:log         regress log(KL + 0.01): the same ranking target with its long tail folded
+enum class LabelKind { Disagree, Critical, Gain, GainTop, Kl, LogKl };
+struct LabelSpec {
+  LabelKind kind = LabelKind::Gain;
+  double tau = -2.0;  // critical
+  double q = 0.1;     // gain:Q
+  bool regression() const {
+    return kind == LabelKind::Gain || kind == LabelKind::Kl || kind == LabelKind::LogKl;
+  }
+  std::string describe() const;
+};
+// Throws std::invalid_argument naming the spec and the choices.
+LabelSpec parse_label(const std::string& spec);
+
+// Positions as rows: raw features, target, and what the metrics need.
+struct Dataset {
+  RouterFeatureSpec spec;
+  std::vector<float> x;       // [n][spec.n_features()]
+  std::vector<float> y;       // target (0/1 or the gain)
+  std::vector<float> gain;    // cloud_lp_true − edge_lp_true ([n]; 0 without a true token)
+  std::vector<float> kl;      // KL(cloud || edge) per row
+  std::vector<uint64_t> seq;  // sequence id per row
+  size_t n() const { return y.size(); }
+};
+
+// Builds rows from the records at positions >= min_position that have a true token.
+Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_position = 0);
+
+struct TrainOptions {
+  std::vector<int> hidden = {64};  // widths of the hidden layers (1 or 2 of them)
+  int epochs = 60, batch = 128, patience = 6;
+  double lr = 1e-3, weight_decay = 1e-4;
+  double val_fraction = 0.2;  // of the sequences
+  bool class_weighting = true;
+  uint64_t seed = 1;
+  bool verbose = true;  // per-epoch lines on stderr
+};
+
+struct Metrics {
+  double roc_auc = 0, pr_auc = 0, positive_rate = 0;
+  // Cloud share s → recall of positives within the top-s scores, and gap recovered (the sum of
+  // the routed rows' gain over the sum of all gains) with the oracle's at the same share.
+  std::vector<double> shares, recall, gap_recovered, oracle_gap_recovered;
+  // The same when routing by the recorded KL(cloud || edge) (a ceiling for the kl label).
+  std::vector<double> kl_gap_recovered;
+};
+
+struct TrainResult {
+  MlpRouterModel model;
+  size_t n_train = 0, n_val = 0, n_train_seq = 0, n_val_seq = 0;
+  int best_epoch = 0, epochs_run = 0;
+  double train_loss = 0, val_loss = 0;
+  Metrics val;
+  Metrics val_entropy;  // the entropy policy on the same validation rows, for comparison
+  std::vector<float> val_scores;
+};
+
+TrainResult train_router(const Dataset& data, const LabelSpec& label, const TrainOptions& o);
+
+// Binary reference labels for metrics: the label itself, or for `gain` the top 10% by gain.
+std::vector<uint8_t> binary_labels(const std::vector<float>& y, const std::vector<float>& gain,
+                                   const LabelSpec& label);
+Metrics evaluate_scores(const std::vector<float>& scores, const std::vector<uint8_t>& positive,
+                        const std::vector<float>& gain, const std::vector<float>& kl = {});
+double roc_auc(const std::vector<float>& scores, const std::vector<uint8_t>& positive);
+double pr_auc(const std::vector<float>& scores, const std::vector<uint8_t>& positive);
+// Calibration table from scores: n thresholds at evenly spaced quantiles, ascending, with the
+// share of scores strictly above each.
+void calibrate(MlpRouterModel& model, std::vector<float> scores, int n = 129);
+
+}  // namespace tandem::router

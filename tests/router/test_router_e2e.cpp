@@ -1,0 +1,162 @@
+// Learned routers end to end on the testdata models: `tandem router collect` (a local cloud model
+// and a real `tandem serve` give the same trace), resume, `router train`, then the router in
+// `tandem run --router` against the server and in `tandem eval --task wikitext --router`, and a
+// router refused for another edge model.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../server/server_harness.h"
+#include "common/testdata.h"
+#include "router/router_file.h"
+#include "router/trace.h"
+
+namespace tandem::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Ran {
+  int rc = -1;
+  std::string out, err;
+};
+
+// Runs the tandem binary with its stdout and stderr captured in files.
+Ran run_tandem(const std::vector<std::string>& args, const fs::path& dir) {
+  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<std::string> all = {TANDEM_BINARY};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int fo = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fe = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fo, STDOUT_FILENO);
+    dup2(fe, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  Ran r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(out.string());
+  r.err = read_file(err.string());
+  return r;
+}
+
+TEST(RouterEndToEnd, CollectTrainRunAndEval) {
+  const std::string cloud = testdata_path("models/synth-llama-Q8_0.gguf");
+  const std::string edge = testdata_path("models/synth-llama-Q4_0.gguf");
+  const std::string data = (shared_dir() / "data").string();
+  const fs::path dir = fs::temp_directory_path() / ("tandem-router-e2e-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ServerProcess server(cloud);
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port());
+  auto collect = [&](const std::vector<std::string>& cloud_args, int chunks,
+                     const std::string& file) {
+    std::vector<std::string> a = {"router",  "collect", "-m",       edge,          "--data",
+                                  data,      "--out",   file,       "--chunks",    std::to_string(chunks),
+                                  "--chunk-tokens",     "64",       "-t",          "1"};
+    a.insert(a.end(), cloud_args.begin(), cloud_args.end());
+    return run_tandem(a, dir);
+  };
+
+  // Traces with a local copy of the cloud, then resumed to more chunks.
+  const std::string trace = (dir / "local.trace").string();
+  Ran r = collect({"--cloud-model", cloud}, 6, trace);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = collect({"--cloud-model", cloud}, 8, trace);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("resuming"), std::string::npos) << r.err;
+  const router::TraceFile local = router::read_trace(trace);
+  ASSERT_EQ(local.sequences.size(), 8u);
+  for (size_t s = 0; s < 8; ++s) {
+    EXPECT_EQ(local.sequences[s].id, s);
+    EXPECT_EQ(local.sequences[s].records.size(), 63u);
+  }
+
+  // The same chunks through the server's prompt log-probabilities.
+  const std::string http_trace = (dir / "http.trace").string();
+  r = collect({"--cloud", url}, 2, http_trace);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const router::TraceFile http = router::read_trace(http_trace);
+  ASSERT_EQ(http.sequences.size(), 2u);
+  EXPECT_EQ(http.header, local.header);
+  int exact = 0;
+  for (size_t s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < 63; ++i) {
+      const auto &a = local.sequences[s].records[i], &b = http.sequences[s].records[i];
+      EXPECT_NEAR(a.cloud_lp_true, b.cloud_lp_true, 1e-3);
+      EXPECT_EQ(a.edge_lp_true, b.edge_lp_true);
+      EXPECT_EQ(a.hidden, b.hidden);
+      if (!(b.flags & router::kCloudEdgeLogprobIsBound)) {
+        EXPECT_NEAR(a.cloud_lp_edge, b.cloud_lp_edge, 1e-3);
+        ++exact;
+      } else {
+        EXPECT_LE(a.cloud_lp_edge, b.cloud_lp_edge + 1e-3) << "the bound holds";
+      }
+    }
+  }
+  EXPECT_GT(exact, 0);
+
+  // Train, then use the router.
+  const std::string model = (dir / "router.gguf").string();
+  r = run_tandem({"router", "train", "--traces", trace, "--out", model, "--label", "disagree",
+                  "--hidden", "16", "--epochs", "5", "--json"},
+                 dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json summary = json::parse(r.out);
+  EXPECT_EQ(summary["train_sequences"].get<int>() + summary["val_sequences"].get<int>(), 8);
+  EXPECT_NE(r.err.find("ROC-AUC"), std::string::npos);
+
+  r = run_tandem({"run", "-m", edge, "--cloud", url, "--mode", "route", "--router", model,
+                  "--target-rate", "0.3", "-p", "The capital", "-n", "24", "--temp", "0",
+                  "--json", "-t", "1"},
+                 dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json ran = json::parse(r.out);
+  EXPECT_EQ(ran["stats"]["tokens"], 24);
+  EXPECT_GT(ran["stats"]["cloud_tokens"].get<int>(), 0) << r.out;
+  EXPECT_LT(ran["stats"]["cloud_tokens"].get<int>(), 24) << r.out;
+
+  const fs::path eval_out = dir / "eval";
+  r = run_tandem({"eval", "-m", edge, "--cloud-model", cloud, "--task", "wikitext", "--data", data,
+                  "--chunks", "2", "--chunk-offset", "8", "--chunk-tokens", "64", "--router",
+                  model, "--rates", "0.1,0.3", "--out", eval_out.string(), "--no-plots", "-t",
+                  "1"},
+                 dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json results = json::parse(std::ifstream(eval_out / "results.json"));
+  EXPECT_EQ(results["chunk_offset"], 8);
+  int mlp_rows = 0;
+  for (const auto& row : results["routes"]) {
+    if (row["policy"] != "mlp") continue;
+    ++mlp_rows;
+    EXPECT_NEAR(row["share"].get<double>(), row["target"].get<double>(), 0.05);
+  }
+  EXPECT_EQ(mlp_rows, 2);
+
+  // A router for another model is refused, naming both fingerprints. (Every synth test model
+  // shares one vocabulary and width, so the other model's router is this one relabelled.)
+  router::LoadedRouter loaded = router::load_router(model);
+  loaded.info.vocab_hash = "0123456789abcdef";
+  const std::string foreign = (dir / "foreign.gguf").string();
+  router::save_router(foreign, *loaded.model, loaded.info);
+  r = run_tandem({"run", "-m", edge, "--mode", "local", "--router", foreign, "-p", "x", "-n", "2"},
+                 dir);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("another model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("0123456789abcdef"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tandem::testing
