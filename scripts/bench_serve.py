@@ -65,7 +65,7 @@ def start_server(args, extra=()):
     port = free_port()
     cmd = ["taskset", "-c", args.server_cores, args.tandem, "serve", "-m", args.model,
            "--port", str(port), "-t", str(args.threads), "--max-sessions", "72", "-c", "2304",
-           *extra]
+           *args.server_arg, *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -213,6 +213,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--sessions", default="1,8,32,64")
     ap.add_argument("--contexts", default="64,256,1024,2048")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="an extra argument for tandem serve (repeatable), e.g. --server-arg=--no-repack")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.sched_setaffinity(0, {int(c) for c in args.client_cores.split(",")})

@@ -31,6 +31,9 @@ class KvCache;
 class Forward;
 class ThreadPool;
 struct ForwardOutputs;
+namespace kernels {
+class PackedWeights;
+}
 
 // Summary of a loaded model, for callers that do not need the internals.
 struct ModelInfo {
@@ -45,12 +48,18 @@ struct ModelInfo {
   int n_ctx_train = 0;
   uint64_t n_params = 0;
   uint64_t file_bytes = 0;
+  uint64_t packed_bytes = 0;  // weight copies made by LoadOptions::repack
 };
 
 struct LoadOptions {
   // Dequantize every weight matrix to f32 at load and compute in f32 throughout (no activation
   // rounding). Slower and larger; reproduces an exact-f32 reference of the same weights.
   bool dequantize_to_f32 = false;
+  // Also keep each quantized weight matrix in the layout the batched kernels multiply from
+  // (kernels::PackedWeights), made once at load: a batch of a few rows (a server's decode rows
+  // of many sessions) then skips decoding every weight per call. Costs about one more copy of
+  // the weights in memory; outputs are bit for bit the same. For servers, not single-stream use.
+  bool repack = false;
 };
 
 class Model {
@@ -74,6 +83,7 @@ class Model {
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::vector<float>> owned_;  // f32 copies when dequantize_to_f32
+  std::vector<std::unique_ptr<kernels::PackedWeights>> packed_;  // when repack
 };
 
 // One token of a batch: its id, its position in its sequence, the sequence slot, and what the

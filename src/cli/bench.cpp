@@ -52,15 +52,25 @@ class BenchCommand : public Command {
     sub_->add_option("-b,--batch-size", batch_, "Tokens per forward pass in pp")
         ->capture_default_str()
         ->check(CLI::Range(1, 1 << 16));
+    sub_->add_option("--n-parallel", n_parallel_,
+                     "Also time batched decode: this many sequences generating -n tokens each, "
+                     "one token of every sequence per forward pass (a server's load; 0: skip)")
+        ->check(CLI::Range(0, 256))
+        ->capture_default_str();
+    sub_->add_flag("--repack", repack_,
+                   "Load with packed weights for the batched kernels, as tandem serve does");
     sub_->add_flag("--json", json_, "Print results as JSON on stdout");
   }
 
   int run() override {
     if (model_.empty()) model_ = default_model_path();
-    auto model = Model::load(model_);
+    LoadOptions lo;
+    lo.repack = repack_;
+    auto model = Model::load(model_, lo);
     ContextParams cp;
     cp.n_ctx = std::max(n_prompt_, n_gen_) + 1;
     cp.n_threads = threads_;
+    cp.n_seq = std::max(1, n_parallel_);
     Context ctx(*model, cp);
     std::mt19937 rng(42);
     std::uniform_int_distribution<int> dist(0, model->info().n_vocab - 1);
@@ -87,6 +97,19 @@ class BenchCommand : public Command {
       }
       return n_gen_ / std::chrono::duration<double>(Clock::now() - t0).count();
     };
+    // n_parallel sequences decoding together: every step is one batch of a token per sequence,
+    // each wanting its logits (as the server's decode rows do). Tokens of all sequences per second.
+    auto run_tg_parallel = [&]() {
+      for (int s = 0; s < n_parallel_; ++s) ctx.clear(s);
+      std::vector<BatchToken> batch(static_cast<size_t>(n_parallel_));
+      const auto t0 = Clock::now();
+      for (int i = 0; i < n_gen_; ++i) {
+        for (int s = 0; s < n_parallel_; ++s) batch[s] = {dist(rng), i, s, true};
+        ctx.decode(batch);
+      }
+      return double(n_gen_) * n_parallel_ /
+             std::chrono::duration<double>(Clock::now() - t0).count();
+    };
     auto measure = [&](auto&& fn, const char* label) {
       fn();  // warm-up
       std::vector<double> v;
@@ -105,9 +128,12 @@ class BenchCommand : public Command {
     j["simd_target"] = simd_target();
     j["repetitions"] = reps_;
     j["model_bytes"] = model->info().file_bytes;
-    std::fprintf(stderr, "model %s (%s, %.1f MiB), %d threads, SIMD %s\n", model_.c_str(),
+    j["packed_bytes"] = model->info().packed_bytes;
+    std::fprintf(stderr, "model %s (%s, %.1f MiB), %d threads, SIMD %s", model_.c_str(),
                  model->info().arch.c_str(), model->info().file_bytes / 1048576.0, ctx.n_threads(),
                  simd_target().c_str());
+    if (repack_) std::fprintf(stderr, ", packed %.1f MiB", model->info().packed_bytes / 1048576.0);
+    std::fprintf(stderr, "\n");
     if (n_prompt_ > 0) {
       const Stats s = measure(run_pp, "pp");
       j["pp"] = {{"n", n_prompt_}, {"tok_s", s.mean}, {"sd", s.sd}, {"samples", s.samples}};
@@ -117,6 +143,16 @@ class BenchCommand : public Command {
       const Stats s = measure(run_tg, "tg");
       j["tg"] = {{"n", n_gen_}, {"tok_s", s.mean}, {"sd", s.sd}, {"samples", s.samples}};
       std::fprintf(stderr, "tg%-5d %10.2f ± %.2f tok/s\n", n_gen_, s.mean, s.sd);
+    }
+    if (n_parallel_ > 0 && n_gen_ > 0) {
+      const Stats s = measure(run_tg_parallel, "tg parallel");
+      j["tg_parallel"] = {{"n", n_gen_},
+                          {"n_parallel", n_parallel_},
+                          {"tok_s", s.mean},
+                          {"sd", s.sd},
+                          {"samples", s.samples}};
+      std::fprintf(stderr, "tg%d x %d seqs %8.2f ± %.2f tok/s\n", n_gen_, n_parallel_, s.mean,
+                   s.sd);
     }
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
@@ -129,8 +165,8 @@ class BenchCommand : public Command {
 
  private:
   std::string model_;
-  int n_prompt_ = 512, n_gen_ = 128, threads_ = 2, reps_ = 5, batch_ = 512;
-  bool json_ = false;
+  int n_prompt_ = 512, n_gen_ = 128, threads_ = 2, reps_ = 5, batch_ = 512, n_parallel_ = 0;
+  bool json_ = false, repack_ = false;
 };
 
 }  // namespace

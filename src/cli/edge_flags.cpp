@@ -89,13 +89,14 @@ void EdgeFlags::resolve() {
   cloud.timeout_s = options.cloud_timeout_s;
 }
 
-void EdgeFlags::load_router(const Model& edge_model) {
-  if (router_file.empty()) return;
+router::RouterFileInfo apply_router_file(const std::string& router_file, const Model& edge_model,
+                                         const std::string& edge_path,
+                                         std::optional<double> threshold, EdgeOptions& options) {
   router::RouterExpectations expect;
   expect.vocab_hash = edge_model.tokenizer().fingerprint_hex();
   expect.n_vocab = static_cast<uint32_t>(edge_model.info().n_vocab);
   expect.n_embd = edge_model.info().n_embd;
-  expect.edge_path = model;
+  expect.edge_path = edge_path;
   const auto loaded = router::load_router(router_file, expect);
   RouterConfig& r = options.router;
   r.policy = RouterPolicy::Mlp;
@@ -104,6 +105,12 @@ void EdgeFlags::load_router(const Model& edge_model) {
   if (r.target_rate) r.prior_scores = loaded.model->prior_scores(r.window);
   options.signal_hidden = true;
   options.top_k_signal = std::max(options.top_k_signal, loaded.model->spec.top_k);
+  return loaded.info;
+}
+
+void EdgeFlags::load_router(const Model& edge_model) {
+  if (router_file.empty()) return;
+  apply_router_file(router_file, edge_model, model, threshold, options);
 }
 
 std::unique_ptr<CloudBackend> EdgeFlags::make_backend(const Model& edge_model) const {

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/edge_flags.h"
 #include "cli/eval_loglik.h"
 #include "common/error.h"
 #include "eval/stats.h"
@@ -163,8 +164,9 @@ class EvalCommand : public Command {
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
     sub_->add_option("--router", router_file_,
-                     "wikitext: a trained router (GGUF, `tandem router train`) scored as the "
-                     "'mlp' policy next to the heuristics");
+                     "A trained router (GGUF, `tandem router train`): route mode uses it (runs "
+                     "named route-mlp-R); wikitext scores it as the 'mlp' policy next to the "
+                     "heuristics");
     sub_->add_option("--modes", modes_, "Comma-separated: local,cloud,route,speculative")
         ->capture_default_str();
     sub_->add_option("--rates", rates_, "Route mode: target cloud shares, e.g. 0.02,0.05,0.1")
@@ -219,7 +221,7 @@ class EvalCommand : public Command {
       w.json = json_;
       return run_wikitext_eval(w);
     }
-    const auto runs = parse_runs(modes_, rates_, policy_);
+    const auto runs = parse_runs(modes_, rates_, router_file_.empty() ? policy_ : "mlp");
     // The device reaches the cloud through the delay proxy when a round trip is asked for.
     std::unique_ptr<net::DelayProxy> proxy;
     if (rtt_ms_ > 0 && !cloud_.url.empty()) {
@@ -258,6 +260,16 @@ class EvalCommand : public Command {
                        {"vocab_hash", tok.fingerprint_hex()},
                        {"file_bytes", model->info().file_bytes}};
     results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}, {"rtt_ms_added", rtt_ms_}};
+    if (!router_file_.empty()) {
+      // Checked against the edge model now, so a wrong router stops the run before any item.
+      EdgeOptions probe;
+      const auto info = apply_router_file(router_file_, *model, model_, std::nullopt, probe);
+      results["router"] = {{"path", router_file_},
+                           {"label", info.label},
+                           {"edge_vocab_hash", info.vocab_hash},
+                           {"edge_name", info.edge_name},
+                           {"file_bytes", fs::file_size(router_file_)}};
+    }
     results["machine"] = machine_description();
 
     std::map<std::string, std::map<std::string, ItemRecord>> by_run;
@@ -290,6 +302,8 @@ class EvalCommand : public Command {
     opts.context.n_threads = threads_;
     opts.router = parse_router_policy(policy_);
     if (spec.target_rate) opts.router.target_rate = *spec.target_rate;
+    if (spec.mode == EdgeMode::Route && !router_file_.empty())
+      apply_router_file(router_file_, model, model_, std::nullopt, opts);
     std::unique_ptr<CloudBackend> backend;
     if (spec.mode != EdgeMode::Local) backend = make_cloud_backend(cloud_, model);
     EdgeDecoder edge(model, opts, std::move(backend));

@@ -85,6 +85,9 @@ class ServeCommand : public Command {
     sub_->add_option(
         "--session-prefix", sched_.session_prefix,
         "Prefix of this replica's session ids (e.g. r1-), for sticky routing by a proxy");
+    sub_->add_flag("--no-repack", no_repack_,
+                   "Do not keep the packed copy of the weights that batched decode multiplies "
+                   "from (saves about the model's size in memory; batches get slower)");
     sub_->add_option("-a,--alias", api_.model_name,
                      "Model name for /v1/models (default: file name)");
   }
@@ -152,7 +155,9 @@ class ServeCommand : public Command {
     std::unique_ptr<Api> api_impl;
     int rc = 0;
     try {
-      model = Model::load(model_);
+      LoadOptions lo;
+      lo.repack = !no_repack_;
+      model = Model::load(model_, lo);
       scheduler = std::make_unique<Scheduler>(*model, sched_, metrics);
       api_impl = std::make_unique<Api>(*scheduler, metrics, api_);
       api.store(api_impl.get());
@@ -160,11 +165,11 @@ class ServeCommand : public Command {
       std::fprintf(
           stderr,
           "tandem serve: %s ready: n_ctx %d, %d sessions + %d stateless slots, KV cap %.1f "
-          "MiB (%llu bytes/token), batch %d tokens, %d engine threads\n",
+          "MiB (%llu bytes/token), batch %d tokens, %d engine threads, packed weights %.1f MiB\n",
           api_.model_name.c_str(), o.n_ctx, o.max_sessions, o.stateless_slots,
           static_cast<double>(o.kv_cap_bytes) / (1 << 20),
           static_cast<unsigned long long>(scheduler->kv_bytes_per_token()), o.batch_tokens,
-          sched_.n_threads);
+          sched_.n_threads, static_cast<double>(model->info().packed_bytes) / (1 << 20));
       std::fflush(stderr);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
@@ -206,6 +211,7 @@ class ServeCommand : public Command {
   SchedulerOptions sched_;
   ApiOptions api_;
   int http_threads_ = 2;
+  bool no_repack_ = false;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -122,6 +123,21 @@ inline bool IsIntType(TensorType t) {
   return is_supported_weight_type(t) && traits(t).is_quantized;
 }
 
+// Staged tiles of a whole matrix, made once by PackTilesT (kernels::PackedWeights): tile t holds
+// weight rows [t * tile_w, (t + 1) * tile_w) in tile_dot-inl.h's layout. Empty where the matrix
+// is staged per call.
+struct PackedTiles {
+  const uint8_t* data = nullptr;
+  size_t tile_bytes = 0;
+  int64_t tile_w = 0;
+
+  // The packed tile holding rows [i0, i0 + tile_w), or null when i0 is not where one starts.
+  uint8_t* at(int64_t i0) const {
+    if (data == nullptr || i0 % tile_w != 0) return nullptr;
+    return const_cast<uint8_t*>(data) + static_cast<size_t>(i0 / tile_w) * tile_bytes;
+  }
+};
+
 #if HWY_TARGET != HWY_SCALAR
 constexpr int kTileRows = 4;  // activation rows per weight-row pass of the integer path
 
@@ -172,13 +188,16 @@ HWY_INLINE void ForEachTile(int64_t n_tiles, const PerTile& per_tile) {
   run(std::false_type());
 }
 
+// Outputs larger than this are written around the caches (MatmulTiled32).
+constexpr size_t kStreamBytes = size_t{16} << 20;
+
 // Prefill of the 32-element types (tile_dot-inl.h): the first whole tiles of rows
-// [row_begin, row_end), each staged once and run against all n_act activation rows. Returns the
-// first row left for MatmulQuant's own loop (fewer than td::kTileW).
+// [row_begin, row_end), each staged once (or taken from `packed`) and run against all n_act
+// activation rows. Returns the first row left for MatmulQuant's own loop (fewer than td::kTileW).
 template <TensorType T>
 int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin,
                       int64_t row_end, const uint8_t* acts, size_t act_stride, int64_t n_act,
-                      float* y, int64_t y_stride) {
+                      float* y, int64_t y_stride, const PackedTiles& packed) {
   constexpr int64_t kW = static_cast<int64_t>(td::kTileW);
   constexpr bool kMin = td::HasMin(T);
   const int64_t n_tiles = (row_end - row_begin) / kW;
@@ -191,16 +210,27 @@ int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_
   td::PrepareActs32<T>(acts, act_stride, n_act, nb, d, s, corr);
   const td::Acts32 a{acts, act_stride, d, s, corr};
   constexpr bool kSign = td::kSignedTile<T>;
-  const td::Tile32 tile = td::TileIn(Grow(scratch.tile, td::TileBytes(nb, kSign)), nb, kSign);
+  uint8_t* const own = packed.at(row_begin) ? nullptr : Grow(scratch.tile, td::TileBytes<T>(nb));
+  // An output far larger than the caches (the LM head's logits, 1 MiB per row) is written with
+  // streaming stores: a normal store would first read each line from memory and then push the
+  // weights out of the cache. Smaller outputs are read again soon and stay cached.
+  const bool stream = !own && static_cast<size_t>(n_act * y_stride) * sizeof(float) > kStreamBytes;
   // Q8_0's staged bytes do not fit sdot's signed operand.
   ForEachTile<T != TensorType::Q8_0>(n_tiles, [&](auto sdot, int64_t t) HWY_ATTR {
     const int64_t i0 = row_begin + t * kW;
-    td::StageTile32<T>(w + i0 * w_stride, w_stride, nb, tile);
+    const td::Tile32 tile = td::TileIn<T>(own ? own : packed.at(i0), nb);
+    if (own) td::StageTile32<T>(w + i0 * w_stride, w_stride, nb, tile);
+    // A packed matrix larger than the caches (the LM head) streams from memory, and the hardware
+    // prefetchers do not run far enough ahead of a tile's long compute: the next tile is asked
+    // for, a line per step, during the first pass over this one (5-15% at 8-64 rows).
+    const bool fetch = !own && t + 1 < n_tiles;
+    const td::Tile32 next = fetch ? td::TileIn<T>(packed.at(i0 + kW), nb) : tile;
     td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
-      td::TileDot32<kMin, kSign, decltype(sdot)::value, decltype(ra)::value>(tile, a, r, nb, y + i0,
-                                                                             y_stride);
+      td::TileDot32<kMin, kSign, decltype(sdot)::value, decltype(ra)::value>(
+          tile, a, r, nb, y + i0, y_stride, fetch && r == 0 ? &next : nullptr, stream);
     });
   });
+  if (stream) hwy::FlushStream();
   return row_begin + n_tiles * kW;
 }
 
@@ -208,7 +238,7 @@ int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_
 template <TensorType T>
 int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin,
                      int64_t row_end, const uint8_t* acts, size_t act_stride, int64_t n_act,
-                     float* y, int64_t y_stride) {
+                     float* y, int64_t y_stride, const PackedTiles& packed) {
   constexpr int64_t kW = static_cast<int64_t>(td::kTileW);
   const int64_t n_tiles = (row_end - row_begin) / kW;
   if (n_tiles == 0) return row_begin;
@@ -220,16 +250,29 @@ int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_b
   row.mn = row.scl + k / 2;
   row.d = Grow(scratch.stage_f, static_cast<size_t>(2 * nbk));
   row.dmin = row.d + nbk;
-  const td::TileK tile = td::TileKIn(Grow(scratch.tile, td::TileBytesK(nbk)), nbk);
+  uint8_t* const own = packed.at(row_begin) ? nullptr : Grow(scratch.tile, td::TileBytesK(nbk));
+  const bool stream = !own && static_cast<size_t>(n_act * y_stride) * sizeof(float) > kStreamBytes;
   ForEachTile<true>(n_tiles, [&](auto sdot, int64_t t) HWY_ATTR {
     const int64_t i0 = row_begin + t * kW;
-    td::StageTileK<T>(w + i0 * w_stride, w_stride, nbk, row, tile);
+    const td::TileK tile = td::TileKIn(own ? own : packed.at(i0), nbk);
+    if (own) td::StageTileK<T>(w + i0 * w_stride, w_stride, nbk, row, tile);
     td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
       td::TileDotK<td::GroupLenK(T), decltype(sdot)::value, decltype(ra)::value>(
-          tile, acts, act_stride, r, nbk, y + i0, y_stride);
+          tile, acts, act_stride, r, nbk, y + i0, y_stride, stream);
     });
   });
+  if (stream) hwy::FlushStream();
   return row_begin + n_tiles * kW;
+}
+
+// Fewest activation rows for which packed tiles beat the row kernel (TANDEM_PACKED_MIN_ACTS
+// overrides it, for measuring).
+inline int64_t PackedMinActs() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("TANDEM_PACKED_MIN_ACTS");
+    return e ? std::atoll(e) : int64_t{8};
+  }();
+  return n;
 }
 
 // Rows [row_begin, row_end) of a quantized weight matrix against n_act quantized activation
@@ -242,17 +285,18 @@ int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_b
 // activation row's place among them or on the weight row's place in a tile (batch invariance).
 template <TensorType T>
 void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin, int64_t row_end,
-                 const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
-                 int64_t y_stride) {
+                 const uint8_t* acts, size_t act_stride, int64_t n_act, float* y, int64_t y_stride,
+                 const PackedTiles& packed) {
   constexpr bool kBlock32 = qd::IsBlock32(T);
   constexpr int64_t kTiledMinActs = 8;
-  if (n_act >= kTiledMinActs) {
+  const int64_t min_acts = packed.data != nullptr ? PackedMinActs() : kTiledMinActs;
+  if (n_act >= min_acts) {
     if constexpr (kBlock32) {
       row_begin = MatmulTiled32<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,
-                                   y_stride);
+                                   y_stride, packed);
     } else {
-      row_begin =
-          MatmulTiledK<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y, y_stride);
+      row_begin = MatmulTiledK<T>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y,
+                                  y_stride, packed);
     }
     if (row_begin == row_end) return;
   }
@@ -303,14 +347,13 @@ void MatmulQuant(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin
   }
 }
 
-// Returns false for types without an integer kernel.
-bool MatmulInt(TensorType wt, int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin,
-               int64_t row_end, const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
-               int64_t y_stride) {
-#define TANDEM_QUANT_CASE(TT)                                                                   \
-  case TensorType::TT:                                                                          \
-    MatmulQuant<TensorType::TT>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act, y, \
-                                y_stride);                                                      \
+// Calls fn(std::integral_constant<TensorType, T>()) for the quantized weight type wt; returns
+// false (without calling) for the others.
+template <class Fn>
+HWY_INLINE bool VisitQuantType(TensorType wt, const Fn& fn) {
+#define TANDEM_QUANT_CASE(TT)                                 \
+  case TensorType::TT:                                        \
+    fn(std::integral_constant<TensorType, TensorType::TT>()); \
     return true;
   switch (wt) {
     TANDEM_QUANT_CASE(Q4_0)
@@ -328,9 +371,19 @@ bool MatmulInt(TensorType wt, int64_t k, const uint8_t* w, size_t w_stride, int6
   }
 #undef TANDEM_QUANT_CASE
 }
+
+// Returns false for types without an integer kernel.
+bool MatmulInt(TensorType wt, int64_t k, const uint8_t* w, size_t w_stride, int64_t row_begin,
+               int64_t row_end, const uint8_t* acts, size_t act_stride, int64_t n_act, float* y,
+               int64_t y_stride, const PackedTiles& packed) {
+  return VisitQuantType(wt, [&](auto type) HWY_ATTR {
+    MatmulQuant<decltype(type)::value>(k, w, w_stride, row_begin, row_end, acts, act_stride, n_act,
+                                       y, y_stride, packed);
+  });
+}
 #else
 bool MatmulInt(TensorType, int64_t, const uint8_t*, size_t, int64_t, int64_t, const uint8_t*,
-               size_t, int64_t, float*, int64_t) {
+               size_t, int64_t, float*, int64_t, const PackedTiles&) {
   return false;  // one-lane target: the scalar reference is the kernel
 }
 #endif
@@ -378,18 +431,97 @@ void MatmulFloat(TensorType wt, int64_t k, const uint8_t* w, size_t w_stride, in
 // ---------------------------------------------------------------- exported entry points
 
 // Returns false when the type has no SIMD path here (the caller then uses the reference).
+// packed_data / packed_tile_bytes: the matrix's tiles made by PackTilesT on this target, or null.
 bool MatmulRowsT(TensorType wt, int64_t k, const void* w, int64_t row_begin, int64_t row_end,
-                 const void* acts, size_t act_stride, int64_t n_act, float* y, int64_t y_stride) {
+                 const void* acts, size_t act_stride, int64_t n_act, float* y, int64_t y_stride,
+                 const uint8_t* packed_data, size_t packed_tile_bytes) {
   const size_t w_stride = row_bytes(wt, k);
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(acts);
-  if (IsIntType(wt))
-    return MatmulInt(wt, k, wb, w_stride, row_begin, row_end, ab, act_stride, n_act, y, y_stride);
+  if (IsIntType(wt)) {
+    PackedTiles packed;
+#if HWY_TARGET != HWY_SCALAR
+    packed = PackedTiles{packed_data, packed_tile_bytes, static_cast<int64_t>(td::kTileW)};
+#endif
+    return MatmulInt(wt, k, wb, w_stride, row_begin, row_end, ab, act_stride, n_act, y, y_stride,
+                     packed);
+  }
   if (wt == TensorType::F32 || wt == TensorType::F16 || wt == TensorType::BF16) {
     MatmulFloat(wt, k, wb, w_stride, row_begin, row_end, ab, act_stride, n_act, y, y_stride);
     return true;
   }
   return false;
+}
+
+// ---------------------------------------------------------------- packing
+
+// The SIMD target this code was compiled for (a packed matrix is only valid on its own target).
+int64_t TargetIdT() {
+  return HWY_TARGET;
+}
+
+// Bytes of one packed tile of weight rows of length k, or 0 where this target has no tiled
+// kernel for the type (nothing to pack). Its width: TileWidthT() rows.
+size_t PackTileBytesT(TensorType wt, int64_t k) {
+  size_t bytes = 0;
+#if HWY_TARGET != HWY_SCALAR
+  VisitQuantType(wt, [&](auto type) HWY_ATTR {
+    constexpr TensorType T = decltype(type)::value;
+    bytes = qd::IsBlock32(T) ? td::TileBytes<T>(k / 32) : td::TileBytesK(k / QK_K);
+  });
+#else
+  (void)wt;
+  (void)k;
+#endif
+  return bytes;
+}
+
+int64_t TileWidthT() {
+#if HWY_TARGET != HWY_SCALAR
+  return static_cast<int64_t>(td::kTileW);
+#else
+  return 0;
+#endif
+}
+
+#if HWY_TARGET != HWY_SCALAR
+template <TensorType T>
+void PackTiles(int64_t k, const uint8_t* w, size_t w_stride, int64_t tile_begin, int64_t tile_end,
+               uint8_t* out) {
+  constexpr int64_t kW = static_cast<int64_t>(td::kTileW);
+  if constexpr (qd::IsBlock32(T)) {
+    const int64_t nb = k / 32;
+    for (int64_t t = tile_begin; t < tile_end; ++t) {
+      const td::Tile32 tile =
+          td::TileIn<T>(out + static_cast<size_t>(t) * td::TileBytes<T>(nb), nb);
+      td::StageTile32<T>(w + t * kW * w_stride, w_stride, nb, tile);
+    }
+  } else {
+    const int64_t nbk = k / QK_K;
+    std::vector<uint8_t> u(static_cast<size_t>(k));
+    std::vector<int16_t> i16(static_cast<size_t>(k / 2 + nbk * 16));
+    std::vector<float> f(static_cast<size_t>(2 * nbk));
+    const qd::StagedRowK row{u.data(), i16.data(), i16.data() + k / 2, f.data(), f.data() + nbk};
+    for (int64_t t = tile_begin; t < tile_end; ++t) {
+      const td::TileK tile = td::TileKIn(out + static_cast<size_t>(t) * td::TileBytesK(nbk), nbk);
+      td::StageTileK<T>(w + t * kW * w_stride, w_stride, nbk, row, tile);
+    }
+  }
+}
+#endif
+
+// Stages tiles [tile_begin, tile_end) of W (rows of length k) into out, tile t at
+// t * PackTileBytesT(wt, k). Only for types with PackTileBytesT(wt, k) > 0.
+void PackTilesT(TensorType wt, int64_t k, const void* w, int64_t tile_begin, int64_t tile_end,
+                uint8_t* out) {
+#if HWY_TARGET != HWY_SCALAR
+  VisitQuantType(wt, [&](auto type) HWY_ATTR {
+    PackTiles<decltype(type)::value>(k, static_cast<const uint8_t*>(w), row_bytes(wt, k),
+                                     tile_begin, tile_end, out);
+  });
+#else
+  (void)wt, (void)k, (void)w, (void)tile_begin, (void)tile_end, (void)out;
+#endif
 }
 
 // ---------------------------------------------------------------- activation quantization

@@ -29,6 +29,10 @@ HWY_EXPORT(AttentionValuesT);
 HWY_EXPORT(RmsNormT);
 HWY_EXPORT(TargetNameT);
 HWY_EXPORT(AttentionRowsT);
+HWY_EXPORT(TargetIdT);
+HWY_EXPORT(PackTileBytesT);
+HWY_EXPORT(TileWidthT);
+HWY_EXPORT(PackTilesT);
 
 bool is_supported_weight_type(TensorType type) {
   switch (type) {
@@ -104,7 +108,8 @@ void quantize_activation_row(TensorType act_type, const float* x, void* dst, int
 float vec_dot(TensorType weight_type, int64_t n, const void* w_row, const void* act_row) {
   check_row("vec_dot", weight_type, n);
   float out = 0;
-  if (!HWY_DYNAMIC_DISPATCH(MatmulRowsT)(weight_type, n, w_row, 0, 1, act_row, 0, 1, &out, 1))
+  if (!HWY_DYNAMIC_DISPATCH(MatmulRowsT)(weight_type, n, w_row, 0, 1, act_row, 0, 1, &out, 1,
+                                         nullptr, 0))
     return ref::vec_dot(weight_type, n, w_row, act_row);
   return out;
 }
@@ -112,11 +117,49 @@ float vec_dot(TensorType weight_type, int64_t n, const void* w_row, const void* 
 void matmul_rows(TensorType weight_type, int64_t k, const void* w, int64_t row_begin,
                  int64_t row_end, const void* acts, size_t act_stride, int64_t n_act, float* y,
                  int64_t y_stride) {
+  matmul_rows(weight_type, k, w, row_begin, row_end, acts, act_stride, n_act, y, y_stride, nullptr);
+}
+
+void matmul_rows(TensorType weight_type, int64_t k, const void* w, int64_t row_begin,
+                 int64_t row_end, const void* acts, size_t act_stride, int64_t n_act, float* y,
+                 int64_t y_stride, const PackedWeights* packed) {
   check_row("matmul_rows", weight_type, k);
   if (row_end <= row_begin || n_act <= 0) return;
+  const uint8_t* tiles = nullptr;
+  size_t tile_bytes = 0;
+  if (packed != nullptr && !packed->empty()) {
+    if (packed->type_ != weight_type || packed->k_ != k || row_end > packed->n_rows_)
+      throw std::invalid_argument(
+          "matmul_rows: the packed copy is of " + std::to_string(packed->n_rows_) + " " +
+          std::string(traits(packed->type_).name) + " rows of " + std::to_string(packed->k_) +
+          ", called for rows up to " + std::to_string(row_end) + " of " +
+          std::string(traits(weight_type).name) + " rows of " + std::to_string(k));
+    if (packed->target_ == HWY_DYNAMIC_DISPATCH(TargetIdT)()) {
+      tiles = packed->data_.data();
+      tile_bytes = packed->tile_bytes_;
+    }
+  }
   if (!HWY_DYNAMIC_DISPATCH(MatmulRowsT)(weight_type, k, w, row_begin, row_end, acts, act_stride,
-                                         n_act, y, y_stride))
+                                         n_act, y, y_stride, tiles, tile_bytes))
     ref::matmul_rows(weight_type, k, w, row_begin, row_end, acts, act_stride, n_act, y, y_stride);
+}
+
+PackedWeights PackedWeights::pack(TensorType type, int64_t k, const void* w, int64_t n_rows) {
+  check_row("PackedWeights::pack", type, k);
+  PackedWeights p;
+  const size_t tile_bytes = HWY_DYNAMIC_DISPATCH(PackTileBytesT)(type, k);
+  const int64_t tile_w = HWY_DYNAMIC_DISPATCH(TileWidthT)();
+  if (tile_bytes == 0 || tile_w == 0 || n_rows < tile_w) return p;
+  const int64_t n_tiles = n_rows / tile_w;
+  p.type_ = type;
+  p.k_ = k;
+  p.n_rows_ = n_rows;
+  p.rows_ = n_tiles * tile_w;
+  p.target_ = HWY_DYNAMIC_DISPATCH(TargetIdT)();
+  p.tile_bytes_ = tile_bytes;
+  p.data_.resize(static_cast<size_t>(n_tiles) * tile_bytes);
+  HWY_DYNAMIC_DISPATCH(PackTilesT)(type, k, w, 0, n_tiles, p.data_.data());
+  return p;
 }
 
 void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) {

@@ -47,6 +47,40 @@ void matmul_rows(TensorType weight_type, int64_t k, const void* w, int64_t row_b
                  int64_t row_end, const void* acts, size_t act_stride, int64_t n_act, float* y,
                  int64_t y_stride);
 
+// A quantized weight matrix copied once into the layout the batched kernels stage their weight
+// tiles in ("repacking"), so that a call with a few activation rows (a server's batch of decode
+// rows) skips the per-call decode of every weight, which otherwise costs about as much as the
+// multiply at 32 rows. The copy is kept next to the original, which single rows and the rows
+// short of a whole tile still read. Valid on the SIMD target it was made on; on any other,
+// matmul_rows ignores it. Results are bit for bit those without it.
+class PackedWeights {
+ public:
+  PackedWeights() = default;
+  // Packs the whole tiles of rows [0, n_rows) of W ([n_rows][k] of `type`). Empty when the type
+  // has no tiled kernel on the current target (f32/f16/bf16, the scalar target).
+  static PackedWeights pack(TensorType type, int64_t k, const void* w, int64_t n_rows);
+
+  bool empty() const { return rows_ == 0; }
+  int64_t rows() const { return rows_; }  // rows held: n_rows rounded down to whole tiles
+  size_t bytes() const { return data_.size(); }
+
+ private:
+  friend void matmul_rows(TensorType, int64_t, const void*, int64_t, int64_t, const void*, size_t,
+                          int64_t, float*, int64_t, const PackedWeights*);
+  TensorType type_ = TensorType::F32;
+  int64_t k_ = 0;
+  int64_t n_rows_ = 0;  // rows of the original matrix
+  int64_t rows_ = 0;
+  int64_t target_ = 0;     // the Highway target that made it
+  size_t tile_bytes_ = 0;  // bytes per tile of tile-width rows
+  std::vector<uint8_t> data_;
+};
+
+// matmul_rows with W's packed copy (or null): the same results, faster for small n_act >= 8.
+void matmul_rows(TensorType weight_type, int64_t k, const void* w, int64_t row_begin,
+                 int64_t row_end, const void* acts, size_t act_stride, int64_t n_act, float* y,
+                 int64_t y_stride, const PackedWeights* packed);
+
 // ---- f32 elementwise ops (x: [n]) ----
 
 // out = x / sqrt(mean(x^2) + eps) * w (sum of squares accumulated in double, as ggml does).

@@ -171,19 +171,27 @@ constexpr int TileOffset(TensorType t) {
 struct Tile32 {
   uint8_t* u;  // [nb * 8 * kTileW * 4]
   float* d;    // [nb * kTileW]  weight scale
-  float* m;    // [nb * kTileW]  weight min (Q4_1/Q5_1)
+  float* m;    // [nb * kTileW]  weight min (Q4_1/Q5_1 only)
   int8_t* sg;  // [nb * 8 * kTileW * 4]  w, for its sign (kSignedTile only)
 };
 
-inline size_t TileBytes(int64_t nb, bool signs) {
-  return static_cast<size_t>(nb) * kTileW * (32 + 2 * sizeof(float) + (signs ? 32 : 0));
+// Bytes of one staged tile of nb blocks of type T: 32 per weight row and block, its scale, and
+// the min and sign bytes where T has them. A multiple of 64 when nb * kTileW is a multiple of 16.
+template <TensorType T>
+constexpr size_t TileBytes(int64_t nb) {
+  return static_cast<size_t>(nb) * kTileW *
+         (32 + sizeof(float) * (HasMin(T) ? 2 : 1) + (kSignedTile<T> ? 32 : 0));
 }
 
-// A tile in a buffer of TileBytes(nb, signs) bytes.
-inline Tile32 TileIn(uint8_t* buf, int64_t nb, bool signs) {
+// A tile of type T in a buffer of TileBytes<T>(nb) bytes.
+template <TensorType T>
+inline Tile32 TileIn(uint8_t* buf, int64_t nb) {
   const size_t n = static_cast<size_t>(nb) * kTileW;
-  return Tile32{buf, reinterpret_cast<float*>(buf + 32 * n), reinterpret_cast<float*>(buf + 36 * n),
-                signs ? reinterpret_cast<int8_t*>(buf + 40 * n) : nullptr};
+  float* d = reinterpret_cast<float*>(buf + 32 * n);
+  float* m = HasMin(T) ? d + n : nullptr;
+  int8_t* sg =
+      kSignedTile<T> ? reinterpret_cast<int8_t*>(buf + (HasMin(T) ? 40 : 36) * n) : nullptr;
+  return Tile32{buf, d, m, sg};
 }
 
 // Decodes kTileW weight rows (w_stride bytes apart) into `tile`.
@@ -277,13 +285,26 @@ HWY_INLINE const int8_t* ActBytes(const Acts32& a, int64_t r, int64_t b) {
 
 // ---------------------------------------------------------------- kernel
 
+// Stores a tile's outputs for one activation row; `stream`: with a non-temporal store where the
+// address is vector-aligned (the caller then ends with hwy::FlushStream()).
+HWY_INLINE void StoreOut(VFT v, float* out, bool stream) {
+  if (stream && reinterpret_cast<uintptr_t>(out) % (kTileW * sizeof(float)) == 0) {
+    hn::Stream(v, DFT(), out);
+  } else {
+    hn::StoreU(v, DFT(), out);
+  }
+}
+
 // One staged tile against RA activation rows from row r0: y0[(r0 + j) * y_stride + i] for the
 // tile's rows i < kTileW. Its per-row f32 order (block after block, one FMA each, plus the min
 // term) is the engine's reference order: qd::DotRow32 reproduces it bit for bit for decode
 // (batch invariance), and so does TileDotK's for the K-quants (qd::DotRowK).
+//
+// next: a tile to fetch into the cache meanwhile (its bytes and scales, a line per step), or null.
+// stream: see StoreOut.
 template <bool kMin, bool kSign, bool kSdot, int RA>
 HWY_INLINE void TileDot32(const Tile32& tile, const Acts32& acts, int64_t r0, int64_t nb, float* y0,
-                          int64_t y_stride) {
+                          int64_t y_stride, const Tile32* next, bool stream) {
   const DI di;
   const DFT df;
   VFT facc[RA];
@@ -296,8 +317,10 @@ HWY_INLINE void TileDot32(const Tile32& tile, const Acts32& acts, int64_t r0, in
       a[j] = ActBytes<kMin>(acts, r0 + j, b);
       isum[j] = hn::Set(di, acts.corr[(r0 + j) * nb + b]);
     }
+    if (next != nullptr) hwy::Prefetch(next->d + static_cast<size_t>(b) * kTileW);
     for (size_t g = 0; g < kGroups; ++g) {
       const size_t off = g * kTileW * 4;
+      if (next != nullptr) hwy::Prefetch(next->u + (ub - tile.u) + off);
       const VB uv = hn::BitCast(DB(), hn::LoadU(DUB(), ub + off));
       if constexpr (kSign) {
 #if HWY_TARGET != HWY_AVX3_DL
@@ -320,7 +343,7 @@ HWY_INLINE void TileDot32(const Tile32& tile, const Acts32& acts, int64_t r0, in
         facc[j] = hn::MulAdd(hn::LoadU(df, tile.m + at), hn::Set(df, acts.s[ab]), facc[j]);
     }
   }
-  for (int j = 0; j < RA; ++j) hn::StoreU(facc[j], df, y0 + (r0 + j) * y_stride);
+  for (int j = 0; j < RA; ++j) StoreOut(facc[j], y0 + (r0 + j) * y_stride, stream);
 }
 
 // ---------------------------------------------------------------- K-quants
@@ -401,7 +424,7 @@ HWY_INLINE VI PairDot(VI acc, VI a, VI b) {
 // One staged K tile against RA Q8_K activation rows from row r0 (see TileDot32).
 template <int kGroup, bool kSdot, int RA>
 HWY_INLINE void TileDotK(const TileK& tile, const uint8_t* acts, size_t act_stride, int64_t r0,
-                         int64_t nbk, float* y0, int64_t y_stride) {
+                         int64_t nbk, float* y0, int64_t y_stride, bool stream) {
   const DI di;
   const DFT df;
   VFT facc[RA];
@@ -448,7 +471,7 @@ HWY_INLINE void TileDotK(const TileK& tile, const uint8_t* acts, size_t act_stri
           hn::MulAdd(hn::ConvertTo(df, imin[j]), hn::Mul(dm, hn::Set(df, -ab[j]->d)), facc[j]);
     }
   }
-  for (int j = 0; j < RA; ++j) hn::StoreU(facc[j], df, y0 + (r0 + j) * y_stride);
+  for (int j = 0; j < RA; ++j) StoreOut(facc[j], y0 + (r0 + j) * y_stride, stream);
 }
 
 // ---------------------------------------------------------------- activation groups

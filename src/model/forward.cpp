@@ -53,7 +53,7 @@ void Forward::matmul(const WeightView& w, const float* x, int n, float* y) {
   // prefill kernels, so that no thread is left a partial tile it could have shared.
   const int64_t grain = std::max<int64_t>(16, (w.ne1 / (pool_.size() * 8) + 15) / 16 * 16);
   pool_.parallel_for(w.ne1, grain, [&](int64_t b, int64_t e) {
-    kernels::matmul_rows(w.type, w.ne0, w.data, b, e, act, act_stride, n, y, w.ne1);
+    kernels::matmul_rows(w.type, w.ne0, w.data, b, e, act, act_stride, n, y, w.ne1, w.packed);
   });
 }
 
@@ -328,7 +328,7 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
     if (m == n_out) {
       matmul(w_.output, packed_hidden.data(), m, out.logits.data());
     } else {
-      std::vector<float> packed_logits(static_cast<size_t>(m) * V);
+      AlignedVector<float> packed_logits(static_cast<size_t>(m) * V);
       matmul(w_.output, packed_hidden.data(), m, packed_logits.data());
       for (int j = 0; j < m; ++j) {
         std::memcpy(out.logits.data() + logit_rows[j] * V, packed_logits.data() + j * V,

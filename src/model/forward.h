@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "common/aligned_vector.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
@@ -23,8 +24,10 @@ class ThreadPool;
 struct ForwardOutputs {
   // Row r belongs to batch token out_index[r].
   std::vector<int32_t> out_index;  // [n_out]
-  std::vector<float> logits;       // [n_out][n_vocab] (rows of tokens that want logits, else 0)
-  std::vector<float> hidden;       // [n_out][n_embd]
+  // [n_out][n_vocab] (rows of tokens that want logits, else 0); 64-byte aligned, so the LM head's
+  // rows (n_vocab a multiple of 16) can be written with streaming stores.
+  AlignedVector<float> logits;
+  std::vector<float> hidden;  // [n_out][n_embd]
 };
 
 // Called after each layer with the residual stream [n_tokens][n_embd] (for tests and probes).

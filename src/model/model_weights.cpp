@@ -1,5 +1,6 @@
 #include "model/model_weights.h"
 
+#include <memory>
 #include <string>
 
 #include "common/error.h"
@@ -88,6 +89,24 @@ void dequantize_weights(ModelWeights& w, std::vector<std::vector<float>>& storag
   for (LayerWeights& l : w.layers) {
     for (WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
       to_f32(*v);
+    }
+  }
+}
+
+void pack_weights(ModelWeights& w, std::vector<std::unique_ptr<kernels::PackedWeights>>& storage) {
+  auto pack = [&](WeightView& v) {
+    if (!v.present() || v.packed != nullptr) return;
+    auto p = std::make_unique<kernels::PackedWeights>(
+        kernels::PackedWeights::pack(v.type, v.ne0, v.data, v.ne1));
+    if (p->empty()) return;
+    v.packed = p.get();
+    storage.push_back(std::move(p));
+  };
+  // The output only: a tied token_embd is looked up row by row from the original.
+  pack(w.output);
+  for (LayerWeights& l : w.layers) {
+    for (WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+      pack(*v);
     }
   }
 }

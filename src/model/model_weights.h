@@ -5,10 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/tensor_type.h"
+#include "kernels/kernels.h"
 #include "model/model_config.h"
 
 namespace tandem {
@@ -23,7 +25,8 @@ struct WeightView {
   int64_t ne0 = 0;
   int64_t ne1 = 1;
   const uint8_t* data = nullptr;
-  size_t row_stride = 0;  // bytes per row
+  size_t row_stride = 0;                           // bytes per row
+  const kernels::PackedWeights* packed = nullptr;  // the batched kernels' copy (pack_weights)
 
   bool present() const { return data != nullptr; }
   const float* f32() const { return reinterpret_cast<const float*>(data); }
@@ -56,5 +59,10 @@ ModelWeights bind_weights(const GgufFile& f, const ModelConfig& c);
 
 // Replaces every matrix with an f32 copy held in `storage` (exact dequantization).
 void dequantize_weights(ModelWeights& w, std::vector<std::vector<float>>& storage);
+
+// Gives every quantized matrix the batched kernels multiply (the layers' projections and the
+// output) a packed copy held in `storage` (kernels::PackedWeights); the views keep the original
+// for the rest. Matrices without a tiled kernel on this CPU are left as they are.
+void pack_weights(ModelWeights& w, std::vector<std::unique_ptr<kernels::PackedWeights>>& storage);
 
 }  // namespace tandem

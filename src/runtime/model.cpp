@@ -17,6 +17,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   m->config_ = std::make_unique<ModelConfig>(config_from_gguf(*m->file_));
   m->weights_ = std::make_unique<ModelWeights>(bind_weights(*m->file_, *m->config_));
   if (options.dequantize_to_f32) dequantize_weights(*m->weights_, m->owned_);
+  if (options.repack) pack_weights(*m->weights_, m->packed_);
   m->tokenizer_ = Tokenizer::from_gguf(*m->file_);
   const ModelConfig& c = *m->config_;
   if (m->tokenizer_->n_vocab() > c.n_vocab) {
@@ -35,6 +36,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   info.n_ctx_train = c.n_ctx_train;
   info.file_bytes = m->file_->file_size();
   for (const auto& t : m->file_->tensors()) info.n_params += static_cast<uint64_t>(t.n_elements());
+  for (const auto& p : m->packed_) info.packed_bytes += p->bytes();
   return m;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/aligned_vector.h"
 #include "kernels/kernels.h"
 #include "test_util.h"
 
@@ -117,6 +118,91 @@ TEST_P(KernelsInvariance, MatmulRowsIndependentOfBatch) {
       }
     }
   });
+}
+
+// A packed copy of the weights (PackedWeights: tiles staged once) gives every output bit for bit
+// as without it, for batches on and off tile boundaries; a copy made on one target and used on
+// another is ignored, not misread; a copy of other weights is refused.
+TEST_P(KernelsInvariance, PackedWeightsGiveTheSameBits) {
+  const TensorType wt = GetParam();
+  const bool kquant = traits(wt).block_size == 256;
+  const int64_t k = kquant ? 512 : 736;
+  const int64_t rows = 71;  // four 16-row tiles (eight of 8) and a remainder
+  std::mt19937 rng(4321 + static_cast<int>(wt));
+  const auto w = Weights(rng, wt, rows, k);
+  const TensorType at = activation_type(wt);
+  const size_t stride = row_bytes(at, k);
+  const int64_t pool = 33;
+  std::vector<uint8_t> acts(stride * pool, 0);
+  for (int64_t r = 0; r < pool; ++r) {
+    const auto x = RandomFloats(rng, static_cast<size_t>(k), 1.5f);
+    quantize_activation_row(at, x.data(), acts.data() + r * stride, k);
+  }
+  const std::string best = simd_target_name();
+  const PackedWeights packed_best = PackedWeights::pack(wt, k, w.data(), rows);
+  ForEachTarget([&](const char* target) {
+    const PackedWeights packed = PackedWeights::pack(wt, k, w.data(), rows);
+    if (!traits(wt).is_quantized || std::string(target) == "SCALAR" ||
+        std::string(target) == "EMU128") {
+      EXPECT_TRUE(packed.empty()) << target << " " << traits(wt).name;
+    } else {
+      ASSERT_FALSE(packed.empty()) << target << " " << traits(wt).name;
+      EXPECT_EQ(packed.rows() % 4, 0);
+      EXPECT_GT(packed.rows(), rows - 17);
+    }
+    for (int64_t n_act : {1, 8, 9, 32, 33}) {
+      for (int64_t row_begin : {0, 16, 5}) {
+        for (int64_t row_end : {rows, int64_t{64}}) {
+          std::vector<float> want(static_cast<size_t>(n_act * rows), -7.0f);
+          std::vector<float> got = want, other = want;
+          matmul_rows(wt, k, w.data(), row_begin, row_end, acts.data(), stride, n_act, want.data(),
+                      rows);
+          matmul_rows(wt, k, w.data(), row_begin, row_end, acts.data(), stride, n_act, got.data(),
+                      rows, &packed);
+          matmul_rows(wt, k, w.data(), row_begin, row_end, acts.data(), stride, n_act, other.data(),
+                      rows, &packed_best);
+          ASSERT_EQ(std::memcmp(want.data(), got.data(), sizeof(float) * want.size()), 0)
+              << target << " " << traits(wt).name << ": n_act=" << n_act << " rows [" << row_begin
+              << ", " << row_end << ")";
+          ASSERT_EQ(std::memcmp(want.data(), other.data(), sizeof(float) * want.size()), 0)
+              << target << " with a copy packed on " << best << " " << traits(wt).name
+              << ": n_act=" << n_act << " rows [" << row_begin << ", " << row_end << ")";
+        }
+      }
+    }
+  });
+  // An output over 16 MiB (an LM head's logits) is written with streaming stores: the same bits,
+  // on and off a 64-byte boundary.
+  {
+    const int64_t n_act = 9, y_stride = 480000;
+    AlignedVector<float> want(static_cast<size_t>(n_act * y_stride) + 16, -7.0f);
+    for (int64_t shift : {0, 3}) {
+      AlignedVector<float> got = want;
+      float* y0 = got.data() + shift;
+      matmul_rows(wt, k, w.data(), 0, rows, acts.data(), stride, n_act, want.data() + shift,
+                  y_stride);
+      matmul_rows(wt, k, w.data(), 0, rows, acts.data(), stride, n_act, y0, y_stride, &packed_best);
+      for (int64_t j = 0; j < n_act; ++j)
+        ASSERT_EQ(std::memcmp(want.data() + shift + j * y_stride, y0 + j * y_stride,
+                              sizeof(float) * rows),
+                  0)
+            << traits(wt).name << " streamed output row " << j << " shift " << shift;
+    }
+  }
+  if (!packed_best.empty()) {
+    std::vector<float> y(static_cast<size_t>(rows) * 8);
+    const TensorType other = wt == TensorType::Q8_0 ? TensorType::Q4_0 : TensorType::Q8_0;
+    const int64_t k_other = 512;
+    std::vector<uint8_t> w2(row_bytes(other, k_other) * rows);
+    std::vector<uint8_t> a2(row_bytes(activation_type(other), k_other) * 8);
+    EXPECT_THROW(
+        matmul_rows(other, k_other, w2.data(), 0, rows, a2.data(),
+                    row_bytes(activation_type(other), k_other), 8, y.data(), rows, &packed_best),
+        std::invalid_argument);
+    EXPECT_THROW(matmul_rows(wt, k, w.data(), 0, rows + 1, acts.data(), stride, 8, y.data(), rows,
+                             &packed_best),
+                 std::invalid_argument);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelsInvariance,

@@ -256,6 +256,48 @@ INSTANTIATE_TEST_SUITE_P(
                       TinyModel{"synth-qwen3-BF16.gguf"}, TinyModel{"synth-qwen3-Q4_K_M.gguf"}),
     ParamName);
 
+// Logits of n_seq sequences prefilled together (n_prompt tokens each, one batch) and then decoded
+// together for n_decode steps (one token of each per batch): [step][seq][n_vocab], step 0 the
+// prefill's last position.
+std::vector<float> BatchedLogits(const Model& model, int n_seq, int n_prompt, int n_decode) {
+  Context ctx(model, {.n_ctx = n_prompt + n_decode + 1, .n_seq = n_seq, .n_threads = 2});
+  const int n_vocab = model.info().n_vocab;
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int> token(3, std::min(n_vocab, 4096) - 1);
+  std::vector<float> out;
+  std::vector<BatchToken> batch;
+  for (int s = 0; s < n_seq; ++s)
+    for (int i = 0; i < n_prompt; ++i) batch.push_back({token(rng), i, s, i + 1 == n_prompt});
+  for (int step = 0; step <= n_decode; ++step) {
+    ctx.decode(batch);
+    for (int b = 0; b < static_cast<int>(batch.size()); ++b) {
+      if (!batch[b].want_logits) continue;
+      const auto l = ctx.logits(b);
+      out.insert(out.end(), l.begin(), l.end());
+    }
+    batch.clear();
+    for (int s = 0; s < n_seq; ++s) batch.push_back({token(rng), n_prompt + step, s, true});
+  }
+  return out;
+}
+
+// LoadOptions::repack (the server's packed weights) changes no output bit: a 12-sequence batch
+// (whole tiles and the rows short of one, the tiled path) against the same model loaded plainly.
+TEST(RepackedWeights, SameLogitsAsThePlainModel) {
+  for (const char* file : {"synth-gemma3-Q4_K_M.gguf", "synth-llama-Q8_0.gguf",
+                           "synth-llama-Q4_1.gguf", "synth-qwen2-Q4_K_M.gguf"}) {
+    const auto path = tandem::testing::testdata_path(std::string("models/") + file);
+    const auto plain = Model::load(path);
+    const auto packed = Model::load(path, {.repack = true});
+    EXPECT_EQ(plain->info().packed_bytes, 0u);
+    EXPECT_GT(packed->info().packed_bytes, 0u) << file;
+    const auto want = BatchedLogits(*plain, 12, 9, 3);
+    const auto got = BatchedLogits(*packed, 12, 9, 3);
+    ASSERT_EQ(want.size(), got.size());
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << file;
+  }
+}
+
 // The real model, on the best target: longer prompt, Gemma 3's sliding window not reached.
 TEST(RealModelBatchInvariance, LogitsAndHiddenBitExactAcrossBatches) {
   const std::string path = default_model_path();
@@ -264,6 +306,12 @@ TEST(RealModelBatchInvariance, LogitsAndHiddenBitExactAcrossBatches) {
   }
   const auto model = Model::load(path);
   CheckModel(*model, 21, 7, 160, 11, "real model on " + std::string(kernels::simd_target_name()));
+  // And the server's packed weights, at a server's batch of 32 decode rows.
+  const auto packed = Model::load(path, {.repack = true});
+  const auto want = BatchedLogits(*model, 32, 5, 2);
+  const auto got = BatchedLogits(*packed, 32, 5, 2);
+  ASSERT_EQ(want.size(), got.size());
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
 }
 
 }  // namespace

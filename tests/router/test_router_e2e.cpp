@@ -55,16 +55,28 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   const std::string cloud = testdata_path("models/synth-llama-Q8_0.gguf");
   const std::string edge = testdata_path("models/synth-llama-Q4_0.gguf");
   const std::string data = (shared_dir() / "data").string();
-  const fs::path dir = fs::temp_directory_path() / ("tandem-router-e2e-" + std::to_string(getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("tandem-router-e2e-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   ServerProcess server(cloud);
   const std::string url = "http://127.0.0.1:" + std::to_string(server.port());
   auto collect = [&](const std::vector<std::string>& cloud_args, int chunks,
                      const std::string& file) {
-    std::vector<std::string> a = {"router",  "collect", "-m",       edge,          "--data",
-                                  data,      "--out",   file,       "--chunks",    std::to_string(chunks),
-                                  "--chunk-tokens",     "64",       "-t",          "1"};
+    std::vector<std::string> a = {"router",
+                                  "collect",
+                                  "-m",
+                                  edge,
+                                  "--data",
+                                  data,
+                                  "--out",
+                                  file,
+                                  "--chunks",
+                                  std::to_string(chunks),
+                                  "--chunk-tokens",
+                                  "64",
+                                  "-t",
+                                  "1"};
     a.insert(a.end(), cloud_args.begin(), cloud_args.end());
     return run_tandem(a, dir);
   };
@@ -117,9 +129,10 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   EXPECT_EQ(summary["train_sequences"].get<int>() + summary["val_sequences"].get<int>(), 8);
   EXPECT_NE(r.err.find("ROC-AUC"), std::string::npos);
 
-  r = run_tandem({"run", "-m", edge, "--cloud", url, "--mode", "route", "--router", model,
-                  "--target-rate", "0.3", "-p", "The capital", "-n", "24", "--temp", "0",
-                  "--json", "-t", "1"},
+  r = run_tandem({"run",    "-m",    edge,          "--cloud", url,
+                  "--mode", "route", "--router",    model,     "--target-rate",
+                  "0.3",    "-p",    "The capital", "-n",      "24",
+                  "--temp", "0",     "--json",      "-t",      "1"},
                  dir);
   ASSERT_EQ(r.rc, 0) << r.err;
   const json ran = json::parse(r.out);
@@ -128,9 +141,29 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   EXPECT_LT(ran["stats"]["cloud_tokens"].get<int>(), 24) << r.out;
 
   const fs::path eval_out = dir / "eval";
-  r = run_tandem({"eval", "-m", edge, "--cloud-model", cloud, "--task", "wikitext", "--data", data,
-                  "--chunks", "2", "--chunk-offset", "8", "--chunk-tokens", "64", "--router",
-                  model, "--rates", "0.1,0.3", "--out", eval_out.string(), "--no-plots", "-t",
+  r = run_tandem({"eval",
+                  "-m",
+                  edge,
+                  "--cloud-model",
+                  cloud,
+                  "--task",
+                  "wikitext",
+                  "--data",
+                  data,
+                  "--chunks",
+                  "2",
+                  "--chunk-offset",
+                  "8",
+                  "--chunk-tokens",
+                  "64",
+                  "--router",
+                  model,
+                  "--rates",
+                  "0.1,0.3",
+                  "--out",
+                  eval_out.string(),
+                  "--no-plots",
+                  "-t",
                   "1"},
                  dir);
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -144,6 +177,27 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   }
   EXPECT_EQ(mlp_rows, 2);
 
+  // A task eval routes with it through the server: runs named route-mlp-R, the router recorded.
+  const fs::path task_out = dir / "eval-csqa";
+  r = run_tandem(
+      {"eval",       "-m",      edge,      "--cloud",     url,        "--task", "csqa",
+       "--data",     data,      "--modes", "local,route", "--router", model,    "--rates",
+       "0.3",        "--limit", "3",       "--shots",     "1",        "--out",  task_out.string(),
+       "--no-plots", "-t",      "1"},
+      dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json task = json::parse(std::ifstream(task_out / "results.json"));
+  EXPECT_EQ(task["router"]["path"], model);
+  EXPECT_EQ(task["router"]["label"], "disagree");
+  bool routed = false;
+  for (const auto& run : task["runs"]) {
+    if (run["run"] != "route-mlp-30%") continue;
+    routed = true;
+    EXPECT_EQ(run["items"], 3);
+    EXPECT_GT(run["cloud_share"].get<double>(), 0.0) << run.dump();
+  }
+  EXPECT_TRUE(routed) << task["runs"].dump();
+
   // A router for another model is refused, naming both fingerprints. (Every synth test model
   // shares one vocabulary and width, so the other model's router is this one relabelled.)
   router::LoadedRouter loaded = router::load_router(model);
@@ -155,6 +209,12 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("another model"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("0123456789abcdef"), std::string::npos) << r.err;
+  r = run_tandem(
+      {"eval", "-m", edge, "--cloud", url, "--task", "csqa", "--data", data, "--modes", "route",
+       "--router", foreign, "--limit", "1", "--out", (dir / "eval-foreign").string(), "--no-plots"},
+      dir);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("another model"), std::string::npos) << r.err;
   fs::remove_all(dir);
 }
 
