@@ -905,6 +905,23 @@ float RowMax(const float* x, int64_t n) {
   return max;
 }
 
+// The first index holding the row's largest value: the vector max, then the first lane equal to
+// it (two streaming reads instead of a compare chain through every element).
+int64_t ArgmaxT(const float* x, int64_t n) {
+  if (n <= 0) return 0;
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto vmax = hn::Set(df, RowMax(x, n));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto eq = hn::Eq(hn::LoadU(df, x + i), vmax);
+    if (!hn::AllFalse(df, eq)) return i + static_cast<int64_t>(hn::FindKnownFirstTrue(df, eq));
+  }
+  for (; i < n; ++i)
+    if (x[i] == hn::GetLane(vmax)) return i;
+  return ref::argmax(x, n);  // NaNs: no element equals the max the vector pass found
+}
+
 // In-place softmax: vector max, exp and sum (f32 lanes; the reference sums in f64).
 void SoftmaxT(float* x, int64_t n) {
   if (n <= 0) return;

@@ -23,6 +23,7 @@ HWY_EXPORT(AxpyT);
 HWY_EXPORT(SwigluT);
 HWY_EXPORT(SoftmaxT);
 HWY_EXPORT(LogitStatsT);
+HWY_EXPORT(ArgmaxT);
 HWY_EXPORT(GegluT);
 HWY_EXPORT(AttentionScoresT);
 HWY_EXPORT(AttentionValuesT);
@@ -176,6 +177,9 @@ void softmax(float* x, int64_t n) {
 }
 LogitStats logit_stats(const float* x, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(LogitStatsT)(x, n);
+}
+int64_t argmax(const float* x, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(ArgmaxT)(x, n);
 }
 float dot_f32(const float* a, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(DotF32T)(a, b, n);

@@ -100,6 +100,9 @@ struct LogitStats {
   double entropy = 0;
 };
 LogitStats logit_stats(const float* x, int64_t n);
+// Index of the first largest of x[0..n) (greedy sampling over a vocabulary row); 0 for n <= 0.
+// For finite inputs and -inf; with NaNs, some index in range.
+int64_t argmax(const float* x, int64_t n);
 // sum_i a[i] * b[i]
 float dot_f32(const float* a, const float* b, int64_t n);
 // y[i] += a * x[i]

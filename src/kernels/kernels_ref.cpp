@@ -593,6 +593,13 @@ LogitStats logit_stats(const float* x, int64_t n) {
   return sums.stats(max);
 }
 
+int64_t argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
 void softmax(float* x, int64_t n) {
   if (n <= 0) return;
   float max = -INFINITY;

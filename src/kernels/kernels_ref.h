@@ -39,6 +39,7 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n);
 void geglu(const float* gate, const float* up, float* out, int64_t n);
 void softmax(float* x, int64_t n);
 LogitStats logit_stats(const float* x, int64_t n);
+int64_t argmax(const float* x, int64_t n);
 // Running sums over a logits row for logit_stats: z = sum exp(d), weighted = sum exp(d) * d with
 // d = x - max (a -inf logit, a masked token, adds 0 to both).
 struct ExpMoments {

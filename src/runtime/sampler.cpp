@@ -4,6 +4,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "kernels/kernels.h"
 #include "tandem/engine.h"
 
 namespace tandem {
@@ -50,13 +51,8 @@ TokenId Sampler::sample(std::span<const float> logits) {
   if (n == 0) throw Error("sample: empty logits");
   // Greedy without penalties: the first largest logit, without building the candidate list (a
   // server samples hundreds of rows of 262k logits per batch on one thread).
-  if (params_.temp <= 0 && (params_.repeat_penalty == 1.0f || params_.repeat_last_n <= 0)) {
-    int best = 0;
-    for (int i = 1; i < n; ++i) {
-      if (logits[i] > logits[best]) best = i;
-    }
-    return best;
-  }
+  if (params_.temp <= 0 && (params_.repeat_penalty == 1.0f || params_.repeat_last_n <= 0))
+    return static_cast<TokenId>(kernels::argmax(logits.data(), n));
   cand_.resize(n);
   for (int i = 0; i < n; ++i) cand_[i] = {logits[i], i};
 

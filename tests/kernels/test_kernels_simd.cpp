@@ -583,6 +583,30 @@ TEST(KernelsSimdF32, LogitStatsMatchReference) {
   EXPECT_NEAR(logit_stats(flat.data(), 4096).entropy, std::log(4096.0), 1e-5);
 }
 
+// argmax: the first largest, as the scalar reference, with ties (the first wins), the largest in
+// the tail, -inf and all-equal rows.
+TEST(KernelsSimdF32, ArgmaxMatchesReference) {
+  std::mt19937 rng(31);
+  for (int64_t n : {1, 2, 15, 17, 257, 4864, 262144}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    auto x = RandomFloats(rng, static_cast<size_t>(n), 8.0f);
+    std::vector<std::vector<float>> rows = {x};
+    auto tie = x;  // the max twice: at n/3 and 2n/3
+    tie[static_cast<size_t>(n / 3)] = tie[static_cast<size_t>(2 * n / 3)] = 100.0f;
+    rows.push_back(tie);
+    auto tail = x;
+    tail.back() = 100.0f;
+    rows.push_back(tail);
+    rows.push_back(std::vector<float>(static_cast<size_t>(n), -INFINITY));
+    rows.push_back(std::vector<float>(static_cast<size_t>(n), 0.5f));
+    for (const auto& row : rows) {
+      const int64_t want = ref::argmax(row.data(), n);
+      ForEachTarget([&](const char* target) { EXPECT_EQ(argmax(row.data(), n), want) << target; });
+    }
+  }
+  EXPECT_EQ(argmax(nullptr, 0), 0);
+}
+
 // SIMD SiLU gate and softmax against the reference (exp within a few ulp), lengths with tails.
 TEST(KernelsSimdF32, SwigluSoftmaxMatchReference) {
   std::mt19937 rng(23);
