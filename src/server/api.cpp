@@ -148,25 +148,32 @@ double log_normalizer(std::span<const float> logits) {
 
 std::vector<TopEntry> top_n(std::span<const float> logits, int n, double log_z) {
   std::vector<TopEntry> out;
-  if (n <= 0) return out;
-  std::vector<int> idx(logits.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int>(i);
-  n = std::min<int>(n, static_cast<int>(idx.size()));
-  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int a, int b) {
+  if (n <= 0 || logits.empty()) return out;
+  n = std::min<int>(n, static_cast<int>(logits.size()));
+  // One pass with the n best so far in a heap whose top is the worst of them (larger logit
+  // first, the lower id on ties): no 1 MiB index array and no sort of the vocabulary per row.
+  const auto better = [&](int a, int b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  for (int i = 0; i < n; ++i) {
-    out.push_back({idx[i], static_cast<float>(logits[idx[i]] - log_z)});
+  };
+  std::vector<int> best;
+  best.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < static_cast<int>(logits.size()); ++i) {
+    if (static_cast<int>(best.size()) < n) {
+      best.push_back(i);
+      std::push_heap(best.begin(), best.end(), better);
+    } else if (better(i, best.front())) {
+      std::pop_heap(best.begin(), best.end(), better);
+      best.back() = i;
+      std::push_heap(best.begin(), best.end(), better);
+    }
   }
+  std::sort(best.begin(), best.end(), better);
+  for (int i : best) out.push_back({i, static_cast<float>(logits[i] - log_z)});
   return out;
 }
 
 TokenId argmax(std::span<const float> logits) {
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  return static_cast<TokenId>(best);
+  return static_cast<TokenId>(kernels::argmax(logits.data(), static_cast<int64_t>(logits.size())));
 }
 
 json top_json(const std::vector<TopEntry>& top) {
