@@ -57,6 +57,12 @@ class BenchCommand : public Command {
                      "one token of every sequence per forward pass (a server's load; 0: skip)")
         ->check(CLI::Range(0, 256))
         ->capture_default_str();
+    sub_->add_option("--depth", depth_,
+                     "Context already in each --n-parallel sequence before its timed tokens "
+                     "(random tokens, prefilled once; as llama-bench's -d): attention's cost "
+                     "at a server's context lengths")
+        ->check(CLI::Range(0, 65536))
+        ->capture_default_str();
     sub_->add_flag("--repack", repack_,
                    "Load with packed weights for the batched kernels, as tandem serve does");
     sub_->add_flag("--json", json_, "Print results as JSON on stdout");
@@ -68,7 +74,7 @@ class BenchCommand : public Command {
     lo.repack = repack_;
     auto model = Model::load(model_, lo);
     ContextParams cp;
-    cp.n_ctx = std::max(n_prompt_, n_gen_) + 1;
+    cp.n_ctx = std::max(n_prompt_, depth_ + n_gen_) + 1;
     cp.n_threads = threads_;
     cp.n_seq = std::max(1, n_parallel_);
     Context ctx(*model, cp);
@@ -99,12 +105,28 @@ class BenchCommand : public Command {
     };
     // n_parallel sequences decoding together: every step is one batch of a token per sequence,
     // each wanting its logits (as the server's decode rows do). Tokens of all sequences per second.
+    // With --depth, every sequence first holds depth_ tokens (prefilled once, kept between
+    // repetitions: each one truncates back to them).
+    bool depth_filled = false;
     auto run_tg_parallel = [&]() {
-      for (int s = 0; s < n_parallel_; ++s) ctx.clear(s);
-      std::vector<BatchToken> batch(static_cast<size_t>(n_parallel_));
+      std::vector<BatchToken> batch;
+      if (!depth_filled) {
+        for (int s = 0; s < n_parallel_; ++s) {
+          ctx.clear(s);
+          for (int b = 0; b < depth_; b += batch_) {
+            batch.clear();
+            for (int i = b; i < std::min(depth_, b + batch_); ++i)
+              batch.push_back({dist(rng), i, s, false});
+            ctx.decode(batch);
+          }
+        }
+        depth_filled = true;
+      }
+      for (int s = 0; s < n_parallel_; ++s) ctx.truncate(s, depth_);
+      batch.resize(static_cast<size_t>(n_parallel_));
       const auto t0 = Clock::now();
       for (int i = 0; i < n_gen_; ++i) {
-        for (int s = 0; s < n_parallel_; ++s) batch[s] = {dist(rng), i, s, true};
+        for (int s = 0; s < n_parallel_; ++s) batch[s] = {dist(rng), depth_ + i, s, true};
         ctx.decode(batch);
       }
       return double(n_gen_) * n_parallel_ /
@@ -146,13 +168,11 @@ class BenchCommand : public Command {
     }
     if (n_parallel_ > 0 && n_gen_ > 0) {
       const Stats s = measure(run_tg_parallel, "tg parallel");
-      j["tg_parallel"] = {{"n", n_gen_},
-                          {"n_parallel", n_parallel_},
-                          {"tok_s", s.mean},
-                          {"sd", s.sd},
-                          {"samples", s.samples}};
-      std::fprintf(stderr, "tg%d x %d seqs %8.2f ± %.2f tok/s\n", n_gen_, n_parallel_, s.mean,
-                   s.sd);
+      j["tg_parallel"] = {{"n", n_gen_},     {"n_parallel", n_parallel_},
+                          {"depth", depth_}, {"tok_s", s.mean},
+                          {"sd", s.sd},      {"samples", s.samples}};
+      std::fprintf(stderr, "tg%d x %d seqs @ d%d %8.2f ± %.2f tok/s\n", n_gen_, n_parallel_, depth_,
+                   s.mean, s.sd);
     }
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
@@ -165,7 +185,8 @@ class BenchCommand : public Command {
 
  private:
   std::string model_;
-  int n_prompt_ = 512, n_gen_ = 128, threads_ = 2, reps_ = 5, batch_ = 512, n_parallel_ = 0;
+  int n_prompt_ = 512, n_gen_ = 128, threads_ = 2, reps_ = 5, batch_ = 512, n_parallel_ = 0,
+      depth_ = 0;
   bool json_ = false, repack_ = false;
 };
 

@@ -222,7 +222,7 @@ int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_
     if (own) td::StageTile32<T>(w + i0 * w_stride, w_stride, nb, tile);
     // A packed matrix larger than the caches (the LM head) streams from memory, and the hardware
     // prefetchers do not run far enough ahead of a tile's long compute: the next tile is asked
-    // for, a line per step, during the first pass over this one (5-15% at 8-64 rows).
+    // for, a line per step, into L2, during the first pass over this one (see td::PrefetchL2).
     const bool fetch = !own && t + 1 < n_tiles;
     const td::Tile32 next = fetch ? td::TileIn<T>(packed.at(i0 + kW), nb) : tile;
     td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
@@ -266,11 +266,13 @@ int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_b
 }
 
 // Fewest activation rows for which packed tiles beat the row kernel (TANDEM_PACKED_MIN_ACTS
-// overrides it, for measuring).
+// overrides it, for measuring): two. One row is bound by memory, and the row kernel reads the
+// compact original blocks (Q4_K: 0.56 bytes per weight, its tile 1.1); from two rows on the
+// tiles win (the real model, 4 sequences decoding together: 110 -> 240 tok/s).
 inline int64_t PackedMinActs() {
   static const int64_t n = [] {
     const char* e = std::getenv("TANDEM_PACKED_MIN_ACTS");
-    return e ? std::atoll(e) : int64_t{8};
+    return e ? std::atoll(e) : int64_t{2};
   }();
   return n;
 }
@@ -632,7 +634,8 @@ float DotF32T(const float* a, const float* b, int64_t n) {
 // order. The result of a (query, key) pair does not depend on RQ, RK or the strides.
 template <int RQ, int RK>
 HWY_INLINE void ScoreTile(const float* const* q, int64_t hd, const float* k, size_t key_stride,
-                          float scale, float* scores, size_t sq, size_t sk) {
+                          float scale, float* scores, size_t sq, size_t sk,
+                          const float* fetch = nullptr) {
   const hn::CappedTag<float, 16> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   hn::Vec<decltype(df)> acc[RQ][RK];
@@ -643,6 +646,7 @@ HWY_INLINE void ScoreTile(const float* const* q, int64_t hd, const float* k, siz
     hn::Vec<decltype(df)> qv[RQ];
     for (int a = 0; a < RQ; ++a) qv[a] = hn::LoadU(df, q[a] + d);
     for (int b = 0; b < RK; ++b) {
+      if (fetch != nullptr) td::PrefetchL2(fetch + b * key_stride + d);
       const auto kv = hn::LoadU(df, k + b * key_stride + d);
       for (int a = 0; a < RQ; ++a) acc[a][b] = hn::MulAdd(qv[a], kv, acc[a][b]);
     }
@@ -655,13 +659,23 @@ HWY_INLINE void ScoreTile(const float* const* q, int64_t hd, const float* k, siz
     }
 }
 
+// Keys ahead of the score tile whose rows it prefetches (into L2, td::PrefetchL2): the hardware
+// prefetchers do not follow a tile's four interleaved key rows, and a decode batch's caches
+// (2 KiB per key and layer at Gemma 3's head of 256) stream from memory: 7.1 -> 2.9 ms for 32
+// sequences of 1,024 keys (bench_kernels BM_AttentionDecode).
+constexpr int64_t kScoreFetchKeys = 8;
+
 // RQ query rows against all n_k keys: 4-key tiles, then single keys.
 template <int RQ>
 HWY_INLINE void ScoreRows(const float* const* q, int64_t hd, const float* keys, size_t key_stride,
                           int64_t n_k, float scale, float* scores, size_t sq, size_t sk) {
   int64_t j = 0;
-  for (; j + 4 <= n_k; j += 4)
-    ScoreTile<RQ, 4>(q, hd, keys + j * key_stride, key_stride, scale, scores + j * sk, sq, sk);
+  for (; j + 4 <= n_k; j += 4) {
+    const float* fetch =
+        j + kScoreFetchKeys + 4 <= n_k ? keys + (j + kScoreFetchKeys) * key_stride : nullptr;
+    ScoreTile<RQ, 4>(q, hd, keys + j * key_stride, key_stride, scale, scores + j * sk, sq, sk,
+                     fetch);
+  }
   for (; j < n_k; ++j)
     ScoreTile<RQ, 1>(q, hd, keys + j * key_stride, key_stride, scale, scores + j * sk, sq, sk);
 }
@@ -752,15 +766,26 @@ struct AttentionScratch {
   std::vector<float> st;  // [keys][L]
 };
 
-// out rows [g0, g0 + RG) of the lane group, columns [d, d + kCols * L): weights st[j * L + g].
+// out rows [g0, g0 + RG) of the lane group, columns [d, d + kCols * L), over keys [j0, j1):
+// weights st[j * L + g]. `first`: the sums start at 0, else from what out holds (the keys before
+// j0), so that every element is still summed in key order, one FMA per key.
+//
+// fetch_end: the next block's keys [j1, fetch_end) have their lines of these columns prefetched,
+// a row per key of this block.
 template <int RG, int kCols, class DF>
 HWY_INLINE void ValueLanes(DF df, const float* st, int64_t g0, const float* v, size_t value_stride,
-                           int64_t n_j, int64_t d, float* const* out) {
+                           int64_t j0, int64_t j1, int64_t fetch_end, bool first, int64_t d,
+                           float* const* out) {
   const size_t L = hn::Lanes(df);
   hn::Vec<DF> acc[RG][kCols];
   for (int g = 0; g < RG; ++g)
-    for (int c = 0; c < kCols; ++c) acc[g][c] = hn::Zero(df);
-  for (int64_t j = 0; j < n_j; ++j) {
+    for (int c = 0; c < kCols; ++c)
+      acc[g][c] = first ? hn::Zero(df) : hn::LoadU(df, out[g0 + g] + d + c * L);
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t jf = j - j0 + j1;
+    if (jf < fetch_end) {
+      for (int c = 0; c < kCols; ++c) td::PrefetchL2(v + jf * value_stride + d + c * L);
+    }
     hn::Vec<DF> vv[kCols];
     for (int c = 0; c < kCols; ++c) vv[c] = hn::LoadU(df, v + j * value_stride + d + c * L);
     for (int g = 0; g < RG; ++g) {
@@ -772,21 +797,45 @@ HWY_INLINE void ValueLanes(DF df, const float* st, int64_t g0, const float* v, s
     for (int c = 0; c < kCols; ++c) hn::StoreU(acc[g][c], df, out[g0 + g] + d + c * L);
 }
 
-// Output rows [g0, g0 + RG) of a lane group: every column.
+// Keys per block of the value pass: a block's value rows (16 KiB at a head of 256 floats) stay
+// in L1 while every column of the output rows goes past them, so that each value row comes from
+// memory once, in order, instead of once per column chunk with a stride of a whole row.
+constexpr int64_t kValueBlockKeys = 16;
+
+// Output rows [g0, g0 + RG) of a lane group: every column, key block by key block.
 template <int RG, class DF>
 HWY_INLINE void ValueLaneRows(DF df, const float* st, int64_t g0, const float* v,
                               size_t value_stride, int64_t n_j, int64_t hdv, float* const* out) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  int64_t d = 0;
-  for (; d + 2 * L <= hdv; d += 2 * L) ValueLanes<RG, 2>(df, st, g0, v, value_stride, n_j, d, out);
-  for (; d + L <= hdv; d += L) ValueLanes<RG, 1>(df, st, g0, v, value_stride, n_j, d, out);
-  for (; d < hdv; ++d)
-    for (int g = 0; g < RG; ++g) {
-      float acc = 0.0f;
-      for (int64_t j = 0; j < n_j; ++j) acc += st[j * L + g0 + g] * v[j * value_stride + d];
-      out[g0 + g][d] = acc;
-    }
+  if (n_j == 0) {
+    for (int g = 0; g < RG; ++g) std::fill(out[g0 + g], out[g0 + g] + hdv, 0.0f);
+    return;
+  }
+  for (int64_t j0 = 0; j0 < n_j; j0 += kValueBlockKeys) {
+    const int64_t j1 = std::min(n_j, j0 + kValueBlockKeys);
+    const int64_t fetch_end = std::min(n_j, j1 + kValueBlockKeys);
+    const bool first = j0 == 0;
+    int64_t d = 0;
+    for (; d + 2 * L <= hdv; d += 2 * L)
+      ValueLanes<RG, 2>(df, st, g0, v, value_stride, j0, j1, fetch_end, first, d, out);
+    for (; d + L <= hdv; d += L)
+      ValueLanes<RG, 1>(df, st, g0, v, value_stride, j0, j1, fetch_end, first, d, out);
+    for (; d < hdv; ++d)
+      for (int g = 0; g < RG; ++g) {
+        float acc = first ? 0.0f : out[g0 + g][d];
+        for (int64_t j = j0; j < j1; ++j) acc += st[j * L + g0 + g] * v[j * value_stride + d];
+        out[g0 + g][d] = acc;
+      }
+  }
 }
+
+// Query rows per score tile in AttentionRowsT: four (16 accumulators against four keys) where
+// the register file has 32 vectors, else two.
+#if HWY_TARGET <= HWY_AVX3 || HWY_ARCH_ARM_A64
+constexpr int kScoreTileRows = 4;
+#else
+constexpr int kScoreTileRows = 2;
+#endif
 
 void AttentionRowsT(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
                     const int32_t* hi, const float* keys, size_t key_stride, const float* values,
@@ -812,6 +861,10 @@ void AttentionRowsT(const float* const* q, float* const* out, int64_t n_q, const
     float* st = Grow(scratch.st, static_cast<size_t>(n_j * L));
     const float* k0 = keys + static_cast<size_t>(j0) * key_stride;
     int64_t a = 0;
+    if constexpr (kScoreTileRows == 4) {
+      for (; a + 4 <= na; a += 4)
+        ScoreRows<4>(q + a0 + a, hd, k0, key_stride, n_j, scale, st + a, 1, L);
+    }
     for (; a + 2 <= na; a += 2)
       ScoreRows<2>(q + a0 + a, hd, k0, key_stride, n_j, scale, st + a, 1, L);
     if (a < na) ScoreRows<1>(q + a0 + a, hd, k0, key_stride, n_j, scale, st + a, 1, L);

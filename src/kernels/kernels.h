@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/aligned_vector.h"
 #include "common/tensor_type.h"
 
 namespace tandem::kernels {
@@ -73,7 +74,7 @@ class PackedWeights {
   int64_t rows_ = 0;
   int64_t target_ = 0;     // the Highway target that made it
   size_t tile_bytes_ = 0;  // bytes per tile of tile-width rows
-  std::vector<uint8_t> data_;
+  HugePageVector<uint8_t> data_;
 };
 
 // matmul_rows with W's packed copy (or null): the same results, faster for small n_act >= 8.
