@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/teacher_forced.h"
 #include "common/error.h"
+#include "eval/tasks.h"
 #include "net/http_client.h"
 #include "router/router_file.h"
 #include "router/trace.h"
@@ -47,11 +48,20 @@ class RouterCollect {
     sub_->add_option("--cloud-api", api_, "tandem | openai")->capture_default_str();
     sub_->add_option("--api-key", api_key_, "Cloud API key");
     sub_->add_option("--out", out_, "Trace file to write or resume")->required();
-    sub_->add_option("--chunks", chunks_, "WikiText-2 chunks to trace")
+    sub_->add_option("--task", task_,
+                     "What to trace: wikitext (WikiText-2 test chunks, teacher-forced), or a "
+                     "multiple-choice task's items teacher-forced on their reference answers "
+                     "(csqa-train, csqa, arc-easy, arc-challenge, piqa; the eval's few-shot "
+                     "prompt, positions recorded from the answer on)")
+        ->capture_default_str();
+    sub_->add_option("--shots", shots_, "With --task: few-shot examples in the prompt")
+        ->check(CLI::Range(0, 32))
+        ->capture_default_str();
+    sub_->add_option("--chunks", chunks_, "WikiText-2 chunks (or task items) to trace")
         ->check(CLI::Range(1, 100000))
         ->capture_default_str();
     sub_->add_option("--chunk-offset", chunk_offset_,
-                     "First chunk (sequence ids are chunk indices)")
+                     "First chunk or item (sequence ids are chunk or item indices)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
     sub_->add_option("--chunk-tokens", chunk_tokens_, "Tokens per chunk")
@@ -97,16 +107,55 @@ class RouterCollect {
       ho.api_key = api_key_;
       http = std::make_unique<net::HttpClient>(net::parse_url(cloud_url_), ho);
     }
-    const int L = chunk_tokens_;
-    if (first_position_ >= L - 1) throw Error("--first-position must be below --chunk-tokens - 1");
-    const std::vector<TokenId> all = wikitext_tokens(data_, tok);
-    const int total = static_cast<int>(all.size() / L);
-    const int n_chunks = std::min(chunks_, total - chunk_offset_);
-    if (n_chunks < 1) {
-      throw Error("WikiText-2 test has " + std::to_string(total) + " chunks of " +
-                  std::to_string(L) + " tokens; --chunk-offset " + std::to_string(chunk_offset_) +
-                  " leaves none");
+    // The sequences to trace: WikiText-2 chunks, or a task's items teacher-forced on their
+    // reference answers (few-shot prompt + " " + gold label + newline; positions recorded from
+    // the row that predicts the answer on).
+    struct Source {
+      uint64_t id;
+      std::vector<TokenId> tokens;
+      int first;  // first row recorded
+    };
+    std::vector<Source> sources;
+    if (task_ == "wikitext") {
+      const int L = chunk_tokens_;
+      if (first_position_ >= L - 1)
+        throw Error("--first-position must be below --chunk-tokens - 1");
+      const std::vector<TokenId> all = wikitext_tokens(data_, tok);
+      const int total = static_cast<int>(all.size() / L);
+      const int n_chunks = std::min(chunks_, total - chunk_offset_);
+      if (n_chunks < 1) {
+        throw Error("WikiText-2 test has " + std::to_string(total) + " chunks of " +
+                    std::to_string(L) + " tokens; --chunk-offset " + std::to_string(chunk_offset_) +
+                    " leaves none");
+      }
+      for (int c = 0; c < n_chunks; ++c) {
+        const int id = chunk_offset_ + c;
+        sources.push_back(
+            {static_cast<uint64_t>(id), text_chunk(all, id, L, tok), first_position_});
+      }
+    } else {
+      const eval::Task task = eval::load_task(task_, data_, shots_);
+      if (task.kind != eval::TaskKind::MultipleChoice)
+        throw Error("router collect --task: only multiple-choice tasks (not " + task_ + ")");
+      const int n_items =
+          std::min<int>(chunks_, static_cast<int>(task.items.size()) - chunk_offset_);
+      if (n_items < 1) {
+        throw Error(task_ + " has " + std::to_string(task.items.size()) +
+                    " items; --chunk-offset " + std::to_string(chunk_offset_) + " leaves none");
+      }
+      for (int k = 0; k < n_items; ++k) {
+        const eval::Item& item = task.items[chunk_offset_ + k];
+        const std::string prompt = eval::item_prompt(task, item);
+        const int n_prompt = static_cast<int>(tok.encode(prompt, true, false).size());
+        std::vector<TokenId> ids = tok.encode(prompt + " " + item.gold + "\n", true, false);
+        if (static_cast<int>(ids.size()) <= n_prompt)
+          throw Error(item.id + ": the answer added no tokens to the prompt");
+        sources.push_back({static_cast<uint64_t>(chunk_offset_ + k), std::move(ids), n_prompt - 1});
+      }
     }
+    int max_len = 0;
+    for (const Source& src : sources)
+      max_len = std::max(max_len, static_cast<int>(src.tokens.size()));
 
     router::TraceHeader header;
     header.n_embd = static_cast<uint32_t>(edge->info().n_embd);
@@ -125,7 +174,7 @@ class RouterCollect {
     }
 
     ContextParams cp;
-    cp.n_ctx = L;
+    cp.n_ctx = max_len;
     cp.n_threads = threads_;
     Context edge_ctx(*edge, cp);
     std::unique_ptr<Context> cloud_ctx;
@@ -135,20 +184,24 @@ class RouterCollect {
 
     const auto t0 = Clock::now();
     int done = 0, todo = 0;
-    for (int c = 0; c < n_chunks; ++c) todo += !writer.has(chunk_offset_ + c);
+    for (const Source& src : sources) todo += !writer.has(src.id);
     size_t records = 0;
-    for (int c = 0; c < n_chunks; ++c) {
-      const int id = chunk_offset_ + c;
-      if (writer.has(id)) continue;
-      const std::vector<TokenId> chunk = text_chunk(all, id, L, tok);
+    // The tokens each context holds from the sequence before: a task's items share their
+    // few-shot header, which is then prefilled once, not per item.
+    std::vector<TokenId> held;
+    for (const Source& src : sources) {
+      if (writer.has(src.id)) continue;
+      const std::vector<TokenId>& chunk = src.tokens;
+      const int L = static_cast<int>(chunk.size());
+      const int first = src.first;
       router::TraceSequence seq;
-      seq.id = static_cast<uint64_t>(id);
+      seq.id = src.id;
       // The edge's rows of one window as log-probabilities, [rows][n_vocab], kept until the
       // cloud's rows of the same window give the KL divergence.
       std::vector<float> edge_logp;
       std::vector<CloudRow> http_rows;
       if (http) {
-        http_rows = cloud_rows_http(*http, api_, chunk, first_position_, cloud_top_n_, timeout_s_);
+        http_rows = cloud_rows_http(*http, api_, chunk, first, cloud_top_n_, timeout_s_);
       }
       const int V = edge->info().n_vocab;
       auto on_edge_row = [&](int i, std::span<const float> logits, std::span<const float> hidden) {
@@ -165,7 +218,7 @@ class RouterCollect {
         r.hidden.assign(hidden.begin(), hidden.end());
         if (!http_rows.empty()) {
           // The cloud's answer for this row came first (one request per chunk).
-          const CloudRow& c = http_rows[i - first_position_];
+          const CloudRow& c = http_rows[i - first];
           r.cloud_lp_true = c.true_logprob;
           r.cloud_top1 = c.top.front().first;
           r.cloud_lp_edge = c.top.back().second;
@@ -187,20 +240,25 @@ class RouterCollect {
         edge_logp.resize(at + V);
         for (int v = 0; v < V; ++v) edge_logp[at + v] = static_cast<float>(logits[v] - lse);
       };
-      edge_ctx.clear(0);
+      // Keep the prefix shared with the sequence before (never the row before `first`, whose
+      // logits are wanted).
+      int keep = 0;
+      while (keep < static_cast<int>(held.size()) && keep < L && held[keep] == chunk[keep]) ++keep;
+      keep = std::min(keep, first);
+      edge_ctx.truncate(0, std::min(keep, edge_ctx.seq_length(0)));
+      if (cloud_ctx) cloud_ctx->truncate(0, std::min(keep, cloud_ctx->seq_length(0)));
+      held = chunk;
       if (cloud_ctx) {
-        cloud_ctx->clear(0);
         // Both models advance one window at a time: rows of n_vocab floats stay bounded.
         while (edge_ctx.seq_length(0) < L) {
-          const int end = std::min(L, std::max(edge_ctx.seq_length(0), first_position_) + kMaxRows);
+          const int end = std::min(L, std::max(edge_ctx.seq_length(0), first) + kMaxRows);
           const size_t first_record = seq.records.size();
           edge_logp.clear();
-          extend_chunk(edge_ctx, chunk, end, first_position_, true, on_edge_row);
-          extend_chunk(*cloud_ctx, chunk, end, first_position_, false,
+          extend_chunk(edge_ctx, chunk, end, first, true, on_edge_row);
+          extend_chunk(*cloud_ctx, chunk, end, first, false,
                        [&](int i, std::span<const float> logits, std::span<const float>) {
-                         router::TraceRecord& r = seq.records[i - first_position_];
-                         const float* le =
-                             edge_logp.data() + (i - first_position_ - first_record) * V;
+                         router::TraceRecord& r = seq.records[i - first];
+                         const float* le = edge_logp.data() + (i - first - first_record) * V;
                          const double lse = log_normalizer(logits);
                          r.cloud_top1 = argmax(logits);
                          r.cloud_lp_edge = static_cast<float>(logits[r.edge_top1] - lse);
@@ -215,15 +273,15 @@ class RouterCollect {
         }
       } else {
         while (edge_ctx.seq_length(0) < L) {
-          const int end = std::min(L, std::max(edge_ctx.seq_length(0), first_position_) + kMaxRows);
-          extend_chunk(edge_ctx, chunk, end, first_position_, true, on_edge_row);
+          const int end = std::min(L, std::max(edge_ctx.seq_length(0), first) + kMaxRows);
+          extend_chunk(edge_ctx, chunk, end, first, true, on_edge_row);
         }
       }
       records += seq.records.size();
       writer.append(seq);
       ++done;
       const double el = seconds_since(t0);
-      std::fprintf(stderr, "\r[collect] chunk %d/%d  %.1f s/chunk  elapsed %s  ETA %s   ", done,
+      std::fprintf(stderr, "\r[collect] sequence %d/%d  %.2f s each  elapsed %s  ETA %s   ", done,
                    todo, el / done, hms(el).c_str(), hms(el / done * (todo - done)).c_str());
     }
     std::fprintf(stderr, "\n[collect] wrote %zu positions in %d sequences to %s (%zu in all)\n",
@@ -234,9 +292,9 @@ class RouterCollect {
  private:
   CLI::App* sub_;
   std::string model_, cloud_model_, cloud_url_, api_ = "tandem", api_key_, out_,
-                                                data_ = "../shared/data";
-  int chunks_ = 24, chunk_offset_ = 0, chunk_tokens_ = 512, first_position_ = 0, top_k_ = 8,
-      cloud_top_n_ = 20, threads_ = 0;
+                                                data_ = "../shared/data", task_ = "wikitext";
+  int shots_ = 5, chunks_ = 24, chunk_offset_ = 0, chunk_tokens_ = 512, first_position_ = 0,
+      top_k_ = 8, cloud_top_n_ = 20, threads_ = 0;
   double timeout_s_ = 120;
   bool overwrite_ = false;
 };

@@ -84,7 +84,7 @@ std::string shot_text(const Item& it, TaskKind kind, const std::string& worked_a
 }  // namespace
 
 std::vector<std::string> task_names() {
-  return {"csqa", "arc-easy", "arc-challenge", "piqa", "gsm8k"};
+  return {"csqa", "csqa-train", "arc-easy", "arc-challenge", "piqa", "gsm8k"};
 }
 
 Task load_task(const std::string& name, const std::string& data_dir, int shots) {
@@ -94,19 +94,25 @@ Task load_task(const std::string& name, const std::string& data_dir, int shots) 
   t.name = name;
   std::vector<Item> items, shot_items;
   std::vector<std::string> worked;  // GSM8K shots' full solutions
-  if (name == "csqa") {
-    t.source = data_dir + "/commonsenseqa/dev_rand_split.jsonl";
+  if (name == "csqa" || name == "csqa-train") {
+    // csqa-train: the train split's items (less the shots) under the same header, for router
+    // training (`tandem router collect --task csqa-train`); csqa evaluates the dev split.
     t.shots_from = data_dir + "/commonsenseqa/train_rand_split.jsonl";
-    const auto dev = read_jsonl(t.source);
-    for (size_t i = 0; i < dev.size(); ++i)
-      items.push_back(mc_item(dev[i], t.source + ":" + std::to_string(i + 1)));
+    t.source = name == "csqa" ? data_dir + "/commonsenseqa/dev_rand_split.jsonl" : t.shots_from;
+    const auto train = read_jsonl(t.shots_from);
+    std::vector<bool> is_shot(train.size(), false);
     if (shots > 0) {
-      const auto train = read_jsonl(t.shots_from);
       // Spread over the file, so the shots' answer letters are not all alike.
       for (int s = 0; s < shots; ++s) {
         const size_t i = (static_cast<size_t>(s) * 1931 + 7) % train.size();
+        is_shot[i] = true;
         shot_items.push_back(mc_item(train[i], t.shots_from + ":" + std::to_string(i + 1)));
       }
+    }
+    const auto rows = name == "csqa" ? read_jsonl(t.source) : train;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (name == "csqa-train" && is_shot[i]) continue;
+      items.push_back(mc_item(rows[i], t.source + ":" + std::to_string(i + 1)));
     }
     t.header =
         "The following are multiple choice questions about common sense. Answer with the "
@@ -169,7 +175,7 @@ Task load_task(const std::string& name, const std::string& data_dir, int shots) 
     for (const auto& n : task_names()) names += (names.empty() ? "" : ", ") + n;
     throw Error("unknown task '" + name + "' (choose from " + names + ")");
   }
-  if (t.name != "csqa") {
+  if (t.name != "csqa" && t.name != "csqa-train") {
     const size_t k = std::min<size_t>(static_cast<size_t>(shots), items.size() / 2);
     shot_items.assign(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(k));
     items.erase(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(k));

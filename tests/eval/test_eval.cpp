@@ -94,6 +94,13 @@ TEST(EvalTasks, LoadFromSharedData) {
   EXPECT_EQ(csqa.items[0].labels.size(), 5u);
   EXPECT_NE(csqa.header.find("Answer: "), std::string::npos);
   EXPECT_EQ(csqa.items[0].gold, "A");
+  // The train split for router training: every item but the 5 shots, under the same header.
+  const Task train = load_task("csqa-train", data, 5);
+  EXPECT_EQ(train.items.size(), 9741u - 5);
+  EXPECT_EQ(train.header, csqa.header);
+  for (const auto& it : train.items) {
+    EXPECT_EQ(csqa.header.find(it.question), std::string::npos) << "a shot is not an item";
+  }
   const Task easy = load_task("arc-easy", data, 5);
   EXPECT_EQ(easy.items.size(), 570u - 5);
   const Task chal = load_task("arc-challenge", data, 0);

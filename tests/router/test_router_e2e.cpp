@@ -95,6 +95,45 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
     EXPECT_EQ(local.sequences[s].records.size(), 63u);
   }
 
+  // A task's items teacher-forced on their answers: records from the row before the answer.
+  const std::string task_trace = (dir / "task.trace").string();
+  r = run_tandem({"router",
+                  "collect",
+                  "-m",
+                  edge,
+                  "--data",
+                  data,
+                  "--out",
+                  task_trace,
+                  "--task",
+                  "csqa-train",
+                  "--shots",
+                  "2",
+                  "--chunks",
+                  "3",
+                  "--chunk-offset",
+                  "10",
+                  "-t",
+                  "1",
+                  "--cloud-model",
+                  cloud},
+                 dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const router::TraceFile task_tf = router::read_trace(task_trace);
+  ASSERT_EQ(task_tf.sequences.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) {
+    const auto& recs = task_tf.sequences[s].records;
+    EXPECT_EQ(task_tf.sequences[s].id, 10 + s);
+    ASSERT_GE(recs.size(), 2u) << "the answer letter and the newline after it";
+    EXPECT_GT(recs.front().position, 100) << "recorded from the answer, not the prompt";
+    for (size_t i = 1; i < recs.size(); ++i) EXPECT_EQ(recs[i].position, recs[0].position + i);
+  }
+  r = run_tandem({"router", "collect", "-m", edge, "--data", data, "--out", task_trace, "--task",
+                  "gsm8k", "--cloud-model", cloud, "--overwrite"},
+                 dir);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("only multiple-choice"), std::string::npos) << r.err;
+
   // The same chunks through the server's prompt log-probabilities.
   const std::string http_trace = (dir / "http.trace").string();
   r = collect({"--cloud", url}, 2, http_trace);
