@@ -121,6 +121,8 @@ std::string LabelSpec::describe() const {
   switch (kind) {
     case LabelKind::Disagree:
       return "disagree";
+    case LabelKind::Fixes:
+      return "fixes";
     case LabelKind::Critical:
       std::snprintf(buf, sizeof buf, "critical:%g", tau);
       return buf;
@@ -155,6 +157,8 @@ LabelSpec parse_label(const std::string& spec) {
   };
   if (name == "disagree" && !has_arg) {
     l.kind = LabelKind::Disagree;
+  } else if (name == "fixes" && !has_arg) {
+    l.kind = LabelKind::Fixes;
   } else if (name == "critical") {
     l.kind = LabelKind::Critical;
     if (has_arg) l.tau = number("TAU");
@@ -170,8 +174,9 @@ LabelSpec parse_label(const std::string& spec) {
     if (!(l.q > 0 && l.q < 1))
       throw std::invalid_argument("--label " + spec + ": Q must be in (0, 1)");
   } else {
-    throw std::invalid_argument("unknown label '" + spec +
-                                "' (choices: disagree, critical[:TAU], gain, gain:Q, kl, kl:log)");
+    throw std::invalid_argument(
+        "unknown label '" + spec +
+        "' (choices: disagree, fixes, critical[:TAU], gain, gain:Q, kl, kl:log)");
   }
   return l;
 }
@@ -195,6 +200,9 @@ Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_pos
       switch (label.kind) {
         case LabelKind::Disagree:
           d.y.push_back(r.edge_top1 != r.cloud_top1 ? 1.0f : 0.0f);
+          break;
+        case LabelKind::Fixes:
+          d.y.push_back(r.edge_top1 != r.true_token && r.cloud_top1 == r.true_token ? 1.0f : 0.0f);
           break;
         case LabelKind::Critical:
           d.y.push_back(r.cloud_lp_edge < label.tau ? 1.0f : 0.0f);

@@ -14,6 +14,10 @@ namespace tandem::router {
 
 // What the router learns to predict.
 //   disagree       classify: edge top-1 != cloud top-1
+//   fixes          classify: the edge's top-1 is not the true token and the cloud's is — on
+//                  traces of a task's reference answers (`collect --task`), the positions where
+//                  the cloud's token turns a wrong answer right (the outcome label for answers
+//                  of one token)
 //   critical:TAU   classify: the cloud's log-probability of the edge token < TAU (default -2)
 //   gain           regress the cloud's gain on the true token, log p_cloud − log p_edge (the
 //                  oracle's criterion: ranking by its expectation maximises the gap recovered)
@@ -22,7 +26,7 @@ namespace tandem::router {
 //                  expectation were the cloud the truth, a far less noisy target than one
 //                  sampled token's gain
 //   kl:log         regress log(KL + 0.01): the same ranking target with its long tail folded
-enum class LabelKind { Disagree, Critical, Gain, GainTop, Kl, LogKl };
+enum class LabelKind { Disagree, Fixes, Critical, Gain, GainTop, Kl, LogKl };
 struct LabelSpec {
   LabelKind kind = LabelKind::Gain;
   double tau = -2.0;  // critical

@@ -204,7 +204,26 @@ TEST(RouterLabels, ParseAndMeaning) {
   EXPECT_THROW(parse_label("gain:2"), std::invalid_argument);
   EXPECT_THROW(parse_label("critical:x"), std::invalid_argument);
   EXPECT_THROW(parse_label("outcome"), std::invalid_argument);
-  const TraceFile tf = synthetic_trace(2, 50, 5);
+  EXPECT_EQ(parse_label("fixes").kind, LabelKind::Fixes);
+  EXPECT_THROW(parse_label("fixes:1"), std::invalid_argument);
+  TraceFile tf = synthetic_trace(2, 50, 5);
+  // fixes: the cloud right where the edge is wrong; the other three cases are negatives.
+  {
+    TraceFile t4 = tf;
+    auto& rs = t4.sequences[0].records;
+    rs.resize(4);
+    const int tr = rs[0].true_token >= 0 ? rs[0].true_token : 7;
+    const int other = tr + 1;
+    const int edge[4] = {other, tr, other, tr}, cloud[4] = {tr, other, other, tr};
+    for (int i = 0; i < 4; ++i) {
+      rs[i].true_token = tr;
+      rs[i].edge_top1 = edge[i];
+      rs[i].cloud_top1 = cloud[i];
+    }
+    t4.sequences.resize(1);
+    const Dataset fx = make_dataset(t4, parse_label("fixes"));
+    EXPECT_EQ(fx.y, (std::vector<float>{1, 0, 0, 0}));
+  }
   const Dataset dis = make_dataset(tf, parse_label("disagree"));
   const Dataset crit = make_dataset(tf, parse_label("critical:-2"));
   const Dataset gain = make_dataset(tf, parse_label("gain"));
