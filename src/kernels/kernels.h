@@ -77,7 +77,7 @@ class PackedWeights {
   HugePageVector<uint8_t> data_;
 };
 
-// matmul_rows with W's packed copy (or null): the same results, faster for small n_act >= 8.
+// matmul_rows with W's packed copy (or null): the same results, faster for n_act >= 2.
 void matmul_rows(TensorType weight_type, int64_t k, const void* w, int64_t row_begin,
                  int64_t row_end, const void* acts, size_t act_stride, int64_t n_act, float* y,
                  int64_t y_stride, const PackedWeights* packed);
