@@ -82,16 +82,21 @@ class BenchCommand : public Command {
     std::uniform_int_distribution<int> dist(0, model->info().n_vocab - 1);
     using Clock = std::chrono::steady_clock;
 
-    auto run_pp = [&]() {
-      ctx.clear(0);
+    // Sequence `seq` from empty to n random tokens, batch_ tokens per forward pass; the last
+    // token's logits wanted if asked (a prompt's, as llama-bench's pp test).
+    auto prefill = [&](int seq, int n, bool last_logits) {
+      ctx.clear(seq);
       std::vector<BatchToken> batch;
-      const auto t0 = Clock::now();
-      for (int b = 0; b < n_prompt_; b += batch_) {
-        const int e = std::min(n_prompt_, b + batch_);
+      for (int b = 0; b < n; b += batch_) {
+        const int e = std::min(n, b + batch_);
         batch.clear();
-        for (int i = b; i < e; ++i) batch.push_back({dist(rng), i, 0, i + 1 == n_prompt_});
+        for (int i = b; i < e; ++i) batch.push_back({dist(rng), i, seq, last_logits && i + 1 == n});
         ctx.decode(batch);
       }
+    };
+    auto run_pp = [&]() {
+      const auto t0 = Clock::now();
+      prefill(0, n_prompt_, true);
       return n_prompt_ / std::chrono::duration<double>(Clock::now() - t0).count();
     };
     auto run_tg = [&]() {
@@ -109,21 +114,12 @@ class BenchCommand : public Command {
     // repetitions: each one truncates back to them).
     bool depth_filled = false;
     auto run_tg_parallel = [&]() {
-      std::vector<BatchToken> batch;
       if (!depth_filled) {
-        for (int s = 0; s < n_parallel_; ++s) {
-          ctx.clear(s);
-          for (int b = 0; b < depth_; b += batch_) {
-            batch.clear();
-            for (int i = b; i < std::min(depth_, b + batch_); ++i)
-              batch.push_back({dist(rng), i, s, false});
-            ctx.decode(batch);
-          }
-        }
+        for (int s = 0; s < n_parallel_; ++s) prefill(s, depth_, false);
         depth_filled = true;
       }
       for (int s = 0; s < n_parallel_; ++s) ctx.truncate(s, depth_);
-      batch.resize(static_cast<size_t>(n_parallel_));
+      std::vector<BatchToken> batch(static_cast<size_t>(n_parallel_));
       const auto t0 = Clock::now();
       for (int i = 0; i < n_gen_; ++i) {
         for (int s = 0; s < n_parallel_; ++s) batch[s] = {dist(rng), depth_ + i, s, true};

@@ -38,9 +38,9 @@ struct AlignedAllocator {
 template <class T>
 using AlignedVector = std::vector<T, AlignedAllocator<T>>;
 
-// Storage of large buffers read in long streams (packed weights, logits, the KV cache): at 2 MiB
-// and above, aligned to 2 MiB and marked for transparent huge pages before its first touch, so
-// that a 178 MB matrix takes ~90 TLB entries instead of ~45,000. Smaller ones as AlignedAllocator.
+// Storage of large buffers read in long streams (the packed weights): at 2 MiB and above, aligned
+// to 2 MiB and marked for transparent huge pages before its first touch, so that a 178 MB matrix
+// takes ~90 TLB entries instead of ~45,000. Smaller ones as AlignedAllocator.
 template <class T>
 struct HugePageAllocator {
   using value_type = T;
@@ -56,7 +56,7 @@ struct HugePageAllocator {
 
   T* allocate(std::size_t n) {
     const std::size_t bytes = n * sizeof(T);
-    if (bytes < kHuge) return static_cast<T*>(::operator new(bytes, std::align_val_t(64)));
+    if (bytes < kHuge) return AlignedAllocator<T>().allocate(n);
     const std::size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
     void* p = ::operator new(rounded, std::align_val_t(kHuge));
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -65,8 +65,8 @@ struct HugePageAllocator {
     return static_cast<T*>(p);
   }
   void deallocate(T* p, std::size_t n) {
-    const std::size_t bytes = n * sizeof(T);
-    ::operator delete(p, std::align_val_t(bytes < kHuge ? 64 : kHuge));
+    if (n * sizeof(T) < kHuge) return AlignedAllocator<T>().deallocate(p, n);
+    ::operator delete(p, std::align_val_t(kHuge));
   }
 
   template <class U>

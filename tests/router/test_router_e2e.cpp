@@ -61,7 +61,8 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   fs::create_directories(dir);
   ServerProcess server(cloud);
   const std::string url = "http://127.0.0.1:" + std::to_string(server.port());
-  auto collect = [&](const std::vector<std::string>& cloud_args, int chunks,
+  // `router collect` of `chunks` sequences into `file`; extra_args name the cloud (and more).
+  auto collect = [&](const std::vector<std::string>& extra_args, int chunks,
                      const std::string& file) {
     std::vector<std::string> a = {"router",
                                   "collect",
@@ -77,7 +78,7 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
                                   "64",
                                   "-t",
                                   "1"};
-    a.insert(a.end(), cloud_args.begin(), cloud_args.end());
+    a.insert(a.end(), extra_args.begin(), extra_args.end());
     return run_tandem(a, dir);
   };
 
@@ -97,27 +98,9 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
 
   // A task's items teacher-forced on their answers: records from the row before the answer.
   const std::string task_trace = (dir / "task.trace").string();
-  r = run_tandem({"router",
-                  "collect",
-                  "-m",
-                  edge,
-                  "--data",
-                  data,
-                  "--out",
-                  task_trace,
-                  "--task",
-                  "csqa-train",
-                  "--shots",
-                  "2",
-                  "--chunks",
-                  "3",
-                  "--chunk-offset",
-                  "10",
-                  "-t",
-                  "1",
-                  "--cloud-model",
-                  cloud},
-                 dir);
+  r = collect(
+      {"--cloud-model", cloud, "--task", "csqa-train", "--shots", "2", "--chunk-offset", "10"}, 3,
+      task_trace);
   ASSERT_EQ(r.rc, 0) << r.err;
   const router::TraceFile task_tf = router::read_trace(task_trace);
   ASSERT_EQ(task_tf.sequences.size(), 3u);
@@ -128,9 +111,7 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
     EXPECT_GT(recs.front().position, 100) << "recorded from the answer, not the prompt";
     for (size_t i = 1; i < recs.size(); ++i) EXPECT_EQ(recs[i].position, recs[0].position + i);
   }
-  r = run_tandem({"router", "collect", "-m", edge, "--data", data, "--out", task_trace, "--task",
-                  "gsm8k", "--cloud-model", cloud, "--overwrite"},
-                 dir);
+  r = collect({"--cloud-model", cloud, "--task", "gsm8k", "--overwrite"}, 3, task_trace);
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("only multiple-choice"), std::string::npos) << r.err;
 

@@ -206,14 +206,13 @@ TEST(RouterLabels, ParseAndMeaning) {
   EXPECT_THROW(parse_label("outcome"), std::invalid_argument);
   EXPECT_EQ(parse_label("fixes").kind, LabelKind::Fixes);
   EXPECT_THROW(parse_label("fixes:1"), std::invalid_argument);
-  TraceFile tf = synthetic_trace(2, 50, 5);
+  const TraceFile tf = synthetic_trace(2, 50, 5);
   // fixes: the cloud right where the edge is wrong; the other three cases are negatives.
   {
     TraceFile t4 = tf;
     auto& rs = t4.sequences[0].records;
     rs.resize(4);
-    const int tr = rs[0].true_token >= 0 ? rs[0].true_token : 7;
-    const int other = tr + 1;
+    const int tr = 9, other = 7;
     const int edge[4] = {other, tr, other, tr}, cloud[4] = {tr, other, other, tr};
     for (int i = 0; i < 4; ++i) {
       rs[i].true_token = tr;
