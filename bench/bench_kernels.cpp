@@ -225,18 +225,26 @@ BENCHMARK(BM_AttentionRows)->Args({4, 256, 512})->Args({7, 64, 512})->Unit(bench
 // heads over its own n_k cached keys and values (Gemma 3 270M: group 4, head 256), so that the
 // caches (2 KiB per key of every sequence) stream from memory as they do at depth. Counts the
 // multiply-adds of scores plus values over all sequences.
+// Args: query heads per KV head, head size, keys, sequences, cache element bytes (4: f32, 2: f16).
 void BM_AttentionDecode(benchmark::State& state) {
   const int group = static_cast<int>(state.range(0));
   const int64_t hd = state.range(1), n_k = state.range(2), n_seq = state.range(3);
+  const TensorType kv = state.range(4) == 2 ? TensorType::F16 : TensorType::F32;
+  const size_t elem = state.range(4) == 2 ? 2 : 4;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> q(static_cast<size_t>(group * hd)), out(q.size());
-  std::vector<tandem::HugePageVector<float>> keys(n_seq), vals(n_seq);
+  std::vector<float> q(static_cast<size_t>(group * hd)), out(q.size()),
+      row(static_cast<size_t>(hd));
+  // Each sequence's cache rows, [n_k][hd] of the cache type.
+  std::vector<tandem::HugePageVector<uint8_t>> keys(n_seq), vals(n_seq);
   for (int64_t s = 0; s < n_seq; ++s) {
-    keys[s].resize(static_cast<size_t>(n_k * hd));
-    vals[s].resize(static_cast<size_t>(n_k * hd));
-    for (auto& x : keys[s]) x = nd(rng);
-    for (auto& x : vals[s]) x = nd(rng);
+    for (auto* rows : {&keys[s], &vals[s]}) {
+      rows->resize(static_cast<size_t>(n_k * hd) * elem);
+      for (int64_t j = 0; j < n_k; ++j) {
+        for (auto& x : row) x = nd(rng);
+        k::quantize_activation_row(kv, row.data(), rows->data() + j * hd * elem, hd);
+      }
+    }
   }
   for (auto& x : q) x = nd(rng);
   std::vector<const float*> qr;
@@ -248,22 +256,26 @@ void BM_AttentionDecode(benchmark::State& state) {
   }
   for (auto _ : state) {
     for (int64_t s = 0; s < n_seq; ++s) {
-      k::attention_rows(qr.data(), outr.data(), group, lo.data(), hi.data(), keys[s].data(),
-                        static_cast<size_t>(hd), vals[s].data(), static_cast<size_t>(hd), hd, hd,
-                        0.0625f, 0.0f);
+      k::attention_rows(qr.data(), outr.data(), group, lo.data(), hi.data(), kv, keys[s].data(),
+                        static_cast<size_t>(hd), kv, vals[s].data(), static_cast<size_t>(hd), hd,
+                        hd, 0.0625f, 0.0f);
     }
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["GMAC/s"] = benchmark::Counter(
       2.0 * group * hd * static_cast<double>(n_k) * n_seq * state.iterations() / 1e9,
       benchmark::Counter::kIsRate);
-  state.SetBytesProcessed(
-      static_cast<int64_t>(state.iterations() * n_seq * n_k * hd * 2 * sizeof(float)));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n_seq * n_k * hd * 2 * elem));
 }
 BENCHMARK(BM_AttentionDecode)
-    ->Args({4, 256, 512, 1})
-    ->Args({4, 256, 512, 32})
-    ->Args({4, 256, 1024, 32})
+    ->Args({4, 256, 512, 1, 4})
+    ->Args({4, 256, 512, 32, 4})
+    ->Args({4, 256, 1024, 32, 4})
+    ->Args({4, 256, 128, 32, 4})
+    ->Args({4, 256, 512, 1, 2})
+    ->Args({4, 256, 512, 32, 2})
+    ->Args({4, 256, 1024, 32, 2})
+    ->Args({4, 256, 128, 32, 2})
     ->Unit(benchmark::kMicrosecond);
 
 constexpr int64_t T(TensorType t) {

@@ -96,10 +96,22 @@ struct BatchToken {
   bool want_hidden = false;
 };
 
+// Element type of the KV cache's keys or values (llama.cpp's --cache-type-k/-v). F16 halves
+// the cache's memory and the bytes attention reads per token; keys and values are rounded to
+// f16 when stored and widened back to f32 for the arithmetic, so results differ from F32 by
+// that rounding only (and are batch invariant either way).
+enum class KvCacheType { F32, F16 };
+// "f32" / "f16".
+const char* kv_cache_type_name(KvCacheType t);
+// Parses "f32" or "f16"; throws tandem::Error naming the choices otherwise.
+KvCacheType parse_kv_cache_type(const std::string& name);
+
 struct ContextParams {
   int n_ctx = 0;      // positions per sequence; 0 = min(training context, 4096)
   int n_seq = 1;      // independent sequence slots
   int n_threads = 0;  // 0 = number of available cores
+  KvCacheType type_k = KvCacheType::F32;
+  KvCacheType type_v = KvCacheType::F32;
 };
 
 class Context {
@@ -130,6 +142,10 @@ class Context {
   int n_ctx() const { return n_ctx_; }
   int n_seq() const { return n_seq_; }
   int n_threads() const;
+  KvCacheType type_k() const { return type_k_; }
+  KvCacheType type_v() const { return type_v_; }
+  // KV cache bytes one position of one sequence takes (all layers, keys and values).
+  size_t kv_bytes_per_position() const;
   const Model& model() const { return model_; }
 
   // Test/probe hook: called with the residual stream [n_tokens][n_embd] after every layer.
@@ -139,6 +155,7 @@ class Context {
   const Model& model_;
   int n_ctx_ = 0;
   int n_seq_ = 1;
+  KvCacheType type_k_ = KvCacheType::F32, type_v_ = KvCacheType::F32;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Forward> forward_;
@@ -166,6 +183,9 @@ class Sampler {
   // Picks the next token from a logits row (penalties, top-k, top-p, min-p, temperature, then a
   // draw; the argmax when temp <= 0).
   TokenId sample(std::span<const float> logits);
+  // True when sample() is the first largest logit (temp <= 0 and no repetition penalty), so a
+  // caller that has the argmax already (kernels' logit_stats) may take it instead.
+  bool greedy() const;
   // Records a token that is now part of the context (for the repetition penalty).
   void accept(TokenId token);
   void reset();

@@ -46,6 +46,7 @@ class BenchCommand : public Command {
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 16));
     sub_->add_option("-t,--threads", threads_, "Threads")->capture_default_str();
+    add_kv_cache_flags(sub_, type_k_, type_v_);
     sub_->add_option("-r,--repetitions", reps_, "Timed repetitions")
         ->capture_default_str()
         ->check(CLI::Range(1, 1000));
@@ -76,6 +77,8 @@ class BenchCommand : public Command {
     ContextParams cp;
     cp.n_ctx = std::max(n_prompt_, depth_ + n_gen_) + 1;
     cp.n_threads = threads_;
+    cp.type_k = type_k_;
+    cp.type_v = type_v_;
     cp.n_seq = std::max(1, n_parallel_);
     Context ctx(*model, cp);
     std::mt19937 rng(42);
@@ -181,6 +184,7 @@ class BenchCommand : public Command {
 
  private:
   std::string model_;
+  KvCacheType type_k_ = KvCacheType::F32, type_v_ = KvCacheType::F32;
   int n_prompt_ = 512, n_gen_ = 128, threads_ = 2, reps_ = 5, batch_ = 512, n_parallel_ = 0,
       depth_ = 0;
   bool json_ = false, repack_ = false;

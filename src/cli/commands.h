@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/default_model.h"
+#include "tandem/engine.h"
 
 namespace tandem::cli {
 
@@ -40,5 +41,8 @@ const std::string& invocation();
 bool stderr_is_tty();
 // The prompt from -p (exactly as given), else -f FILE, else stdin.
 std::string read_prompt(const std::string& prompt, const std::string& file, bool have_prompt);
+// --cache-type-k / --cache-type-v (llama.cpp's -ctk / -ctv, which main() spells out for CLI11):
+// the KV cache's element types, f32 (default) or f16.
+void add_kv_cache_flags(CLI::App* sub, KvCacheType& type_k, KvCacheType& type_v);
 
 }  // namespace tandem::cli

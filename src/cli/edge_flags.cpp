@@ -1,5 +1,7 @@
 #include "cli/edge_flags.h"
 
+#include "cli/commands.h"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -58,11 +60,32 @@ void EdgeFlags::add_to(CLI::App& sub) {
                  "Context size of the small model (0: model default, at most 4096)")
       ->check(CLI::Range(0, 1 << 20));
   sub.add_option("-t,--threads", options.context.n_threads, "Threads (default: all cores)");
+  add_kv_cache_flags(&sub, options.context.type_k, options.context.type_v);
   sub.add_option("--temp", options.sampling.temp, "Temperature (0: greedy)")->capture_default_str();
   sub.add_option("--top-k", options.sampling.top_k, "Top-k (0: off)")->capture_default_str();
   sub.add_option("--top-p", options.sampling.top_p, "Top-p (1: off)")->capture_default_str();
   sub.add_option("--min-p", options.sampling.min_p, "Min-p (0: off)")->capture_default_str();
   sub.add_option("-s,--seed", seed, "RNG seed (-1: random)");
+}
+
+// Declared in cli/commands.h; defined here, in the library the tools and tests link.
+void add_kv_cache_flags(CLI::App* sub, KvCacheType& type_k, KvCacheType& type_v) {
+  // The enum's CLI11 spelling is its number: the names are mapped to it, anything else is named
+  // in the error.
+  const auto kv_type = [](std::string value) -> std::string {
+    try {
+      return std::to_string(static_cast<int>(parse_kv_cache_type(value)));
+    } catch (const Error& e) {
+      throw CLI::ValidationError(e.what());
+    }
+  };
+  sub->add_option("--cache-type-k", type_k,
+                  "KV cache type of keys: f32 or f16 (half the memory; -ctk as in llama.cpp)")
+      ->transform(kv_type, "f32|f16")
+      ->default_str("f32");
+  sub->add_option("--cache-type-v", type_v, "KV cache type of values: f32 or f16 (-ctv)")
+      ->transform(kv_type, "f32|f16")
+      ->default_str("f32");
 }
 
 void EdgeFlags::resolve() {

@@ -23,6 +23,7 @@ class GenerateCommand : public Command {
     sub_->add_option("-c,--ctx-size", n_ctx_, "Context size (0: model default, at most 4096)")
         ->check(CLI::Range(0, 1 << 20));
     sub_->add_option("-t,--threads", threads_, "Threads (default: all cores)");
+    add_kv_cache_flags(sub_, type_k_, type_v_);
     sub_->add_option("--temp", sp_.temp, "Temperature (0: greedy)")->capture_default_str();
     sub_->add_option("--top-k", sp_.top_k, "Top-k (0: off)")->capture_default_str();
     sub_->add_option("--top-p", sp_.top_p, "Top-p (1: off)")->capture_default_str();
@@ -65,6 +66,8 @@ class GenerateCommand : public Command {
     ContextParams cp;
     cp.n_ctx = n_ctx_;
     cp.n_threads = threads_;
+    cp.type_k = type_k_;
+    cp.type_v = type_v_;
     Context ctx(*model, cp);
     Sampler sampler(sp_);
     const int n_predict = n_predict_ < 0 ? ctx.n_ctx() : n_predict_;
@@ -110,6 +113,7 @@ class GenerateCommand : public Command {
   std::string model_, prompt_, file_, system_;
   CLI::Option* prompt_opt_ = nullptr;
   int n_predict_ = 128, n_ctx_ = 0, threads_ = 0;
+  KvCacheType type_k_ = KvCacheType::F32, type_v_ = KvCacheType::F32;
   long long seed_ = -1;
   SamplingParams sp_;
   bool chat_ = false, no_bos_ = false, parse_special_ = false, json_ = false,

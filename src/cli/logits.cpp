@@ -46,6 +46,7 @@ class LogitsCommand : public Command {
     sub_->add_option("--hidden", hidden_,
                      "Also write final hidden states [n_ids x n_embd] (output of the last norm)");
     sub_->add_option("-t,--threads", threads_, "Threads (default: all cores)");
+    add_kv_cache_flags(sub_, type_k_, type_v_);
     sub_->add_flag("--f32", f32_,
                    "Dequantize all weights to f32 and compute without activation rounding");
     sub_->add_option("-b,--batch-size", batch_, "Tokens per forward pass")
@@ -61,6 +62,8 @@ class LogitsCommand : public Command {
     ContextParams cp;
     cp.n_ctx = static_cast<int>(ids.size());
     cp.n_threads = threads_;
+    cp.type_k = type_k_;
+    cp.type_v = type_v_;
     Context ctx(*model, cp);
     const int V = model->info().n_vocab, D = model->info().n_embd;
     std::ofstream out(out_, std::ios::binary);
@@ -100,6 +103,7 @@ class LogitsCommand : public Command {
  private:
   std::string model_, ids_, out_, hidden_;
   int threads_ = 0;
+  KvCacheType type_k_ = KvCacheType::F32, type_v_ = KvCacheType::F32;
   int batch_ = 512;
   bool f32_ = false;
 };

@@ -80,8 +80,14 @@ int main(int argc, char** argv) {
     }
     g_invocation += (i ? " " : "") + a;
   }
+  // llama.cpp's multi-letter short flags, which CLI11 reads as bundles of one-letter ones.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {
+    const std::string a = argv[i];
+    args.push_back(a == "-ctk" ? "--cache-type-k" : a == "-ctv" ? "--cache-type-v" : a);
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(std::move(args));  // CLI11 takes the arguments last first
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;

@@ -38,6 +38,7 @@ class PerplexityCommand : public Command {
         ->check(CLI::Range(1, 1 << 20));
     sub_->add_option("-t,--threads", threads_, "Threads (default: all cores)")
         ->check(CLI::Range(0, 1024));
+    add_kv_cache_flags(sub_, type_k_, type_v_);
     sub_->add_option("--chunks", max_chunks_, "Evaluate at most this many chunks (0: all)")
         ->check(CLI::Range(0, 1 << 30));
     sub_->add_option("--kl-base", kl_base_,
@@ -81,6 +82,8 @@ class PerplexityCommand : public Command {
     ContextParams cp;
     cp.n_ctx = n_ctx_;
     cp.n_threads = threads_;
+    cp.type_k = type_k_;
+    cp.type_v = type_v_;
     Context ctx(*model, cp);
     std::unique_ptr<Context> bctx;
     if (base) bctx = std::make_unique<Context>(*base, cp);
@@ -167,6 +170,7 @@ class PerplexityCommand : public Command {
  private:
   std::string model_, file_, kl_base_;
   int n_ctx_ = 512, n_batch_ = 0, threads_ = 0, max_chunks_ = 0;
+  KvCacheType type_k_ = KvCacheType::F32, type_v_ = KvCacheType::F32;
   bool json_ = false;
 };
 

@@ -79,6 +79,7 @@ class ServeCommand : public Command {
         ->capture_default_str();
     sub_->add_option("-t,--threads", sched_.n_threads, "Engine threads (default: all cores)")
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    add_kv_cache_flags(sub_, sched_.type_k, sched_.type_v);
     sub_->add_option("--http-threads", http_threads_, "I/O threads")
         ->check(CLI::Range(1, 64))
         ->capture_default_str();

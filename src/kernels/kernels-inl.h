@@ -571,6 +571,19 @@ bool QuantizeActivationRowT(TensorType act, const float* x, void* dst, int64_t n
   return false;
 #else
   const hn::CappedTag<float, 16> d;
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || HWY_ARCH_ARM_A64
+  // f16 (activations of f16 weights, an f16 KV cache's rows) where f32 -> f16 is a hardware
+  // conversion that rounds to nearest even as the reference does (x86 F16C, AArch64).
+  if (act == TensorType::F16) {
+    const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    auto* h = static_cast<hwy::float16_t*>(dst);
+    int64_t i = 0;
+    for (; i + N <= n; i += N) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, x + i)), dh, h + i);
+    for (; i < n; ++i) static_cast<uint16_t*>(dst)[i] = ref::f32_to_f16(x[i]);
+    return true;
+  }
+#endif
   if (act == TensorType::Q8_0 || act == TensorType::Q8_1) {
     for (int64_t i = 0; i < n / 32; ++i, x += 32) {
       const float amax = AbsMax(d, x, 32);
@@ -625,6 +638,24 @@ float DotF32T(const float* a, const float* b, int64_t n) {
 
 // ---------------------------------------------------------------- attention
 
+// Cached key and value rows are f32, or IEEE f16 (a KV cache at half the bytes, llama.cpp's
+// -ctk/-ctv f16): an f16 row is widened to f32 as it loads, and all arithmetic stays in f32.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadKv(D d, const float* p) {
+  return hn::LoadU(d, p);
+}
+template <class D>
+HWY_INLINE hn::Vec<D> LoadKv(D d, const uint16_t* p) {
+  const hn::Rebind<hwy::float16_t, D> dh;
+  return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+}
+HWY_INLINE float KvToF32(float x) {
+  return x;
+}
+HWY_INLINE float KvToF32(uint16_t h) {
+  return fp16_to_fp32(h);
+}
+
 // RQ query rows x RK key rows: the 2x4 tile loads 6 vectors per 8 FMAs, so it runs at FMA
 // throughput instead of load throughput. scores[a * sq + b * sk] = scale * dot(q[a], key b).
 //
@@ -632,10 +663,10 @@ float DotF32T(const float* a, const float* b, int64_t n) {
 // gets the same scores alone or among others, decode or prefill): lane-wise FMAs over whole
 // vectors of the head dimension, SumOfLanes, then the elements past the last whole vector in
 // order. The result of a (query, key) pair does not depend on RQ, RK or the strides.
-template <int RQ, int RK>
-HWY_INLINE void ScoreTile(const float* const* q, int64_t hd, const float* k, size_t key_stride,
+template <int RQ, int RK, class KT>
+HWY_INLINE void ScoreTile(const float* const* q, int64_t hd, const KT* k, size_t key_stride,
                           float scale, float* scores, size_t sq, size_t sk,
-                          const float* fetch = nullptr) {
+                          const KT* fetch = nullptr) {
   const hn::CappedTag<float, 16> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   hn::Vec<decltype(df)> acc[RQ][RK];
@@ -647,14 +678,14 @@ HWY_INLINE void ScoreTile(const float* const* q, int64_t hd, const float* k, siz
     for (int a = 0; a < RQ; ++a) qv[a] = hn::LoadU(df, q[a] + d);
     for (int b = 0; b < RK; ++b) {
       if (fetch != nullptr) td::PrefetchL2(fetch + b * key_stride + d);
-      const auto kv = hn::LoadU(df, k + b * key_stride + d);
+      const auto kv = LoadKv(df, k + b * key_stride + d);
       for (int a = 0; a < RQ; ++a) acc[a][b] = hn::MulAdd(qv[a], kv, acc[a][b]);
     }
   }
   for (int a = 0; a < RQ; ++a)
     for (int b = 0; b < RK; ++b) {
       float sum = hn::GetLane(hn::SumOfLanes(df, acc[a][b]));
-      for (int64_t e = d; e < hd; ++e) sum += q[a][e] * k[b * key_stride + e];
+      for (int64_t e = d; e < hd; ++e) sum += q[a][e] * KvToF32(k[b * key_stride + e]);
       scores[a * sq + b * sk] = scale * sum;
     }
 }
@@ -666,12 +697,12 @@ HWY_INLINE void ScoreTile(const float* const* q, int64_t hd, const float* k, siz
 constexpr int64_t kScoreFetchKeys = 8;
 
 // RQ query rows against all n_k keys: 4-key tiles, then single keys.
-template <int RQ>
-HWY_INLINE void ScoreRows(const float* const* q, int64_t hd, const float* keys, size_t key_stride,
+template <int RQ, class KT>
+HWY_INLINE void ScoreRows(const float* const* q, int64_t hd, const KT* keys, size_t key_stride,
                           int64_t n_k, float scale, float* scores, size_t sq, size_t sk) {
   int64_t j = 0;
   for (; j + 4 <= n_k; j += 4) {
-    const float* fetch =
+    const KT* fetch =
         j + kScoreFetchKeys + 4 <= n_k ? keys + (j + kScoreFetchKeys) * key_stride : nullptr;
     ScoreTile<RQ, 4>(q, hd, keys + j * key_stride, key_stride, scale, scores + j * sk, sq, sk,
                      fetch);
@@ -772,8 +803,8 @@ struct AttentionScratch {
 //
 // fetch_end: the next block's keys [j1, fetch_end) have their lines of these columns prefetched,
 // a row per key of this block.
-template <int RG, int kCols, class DF>
-HWY_INLINE void ValueLanes(DF df, const float* st, int64_t g0, const float* v, size_t value_stride,
+template <int RG, int kCols, class DF, class VT>
+HWY_INLINE void ValueLanes(DF df, const float* st, int64_t g0, const VT* v, size_t value_stride,
                            int64_t j0, int64_t j1, int64_t fetch_end, bool first, int64_t d,
                            float* const* out) {
   const size_t L = hn::Lanes(df);
@@ -787,7 +818,7 @@ HWY_INLINE void ValueLanes(DF df, const float* st, int64_t g0, const float* v, s
       for (int c = 0; c < kCols; ++c) td::PrefetchL2(v + jf * value_stride + d + c * L);
     }
     hn::Vec<DF> vv[kCols];
-    for (int c = 0; c < kCols; ++c) vv[c] = hn::LoadU(df, v + j * value_stride + d + c * L);
+    for (int c = 0; c < kCols; ++c) vv[c] = LoadKv(df, v + j * value_stride + d + c * L);
     for (int g = 0; g < RG; ++g) {
       const auto w = hn::Set(df, st[j * L + g0 + g]);
       for (int c = 0; c < kCols; ++c) acc[g][c] = hn::MulAdd(w, vv[c], acc[g][c]);
@@ -803,9 +834,9 @@ HWY_INLINE void ValueLanes(DF df, const float* st, int64_t g0, const float* v, s
 constexpr int64_t kValueBlockKeys = 16;
 
 // Output rows [g0, g0 + RG) of a lane group: every column, key block by key block.
-template <int RG, class DF>
-HWY_INLINE void ValueLaneRows(DF df, const float* st, int64_t g0, const float* v,
-                              size_t value_stride, int64_t n_j, int64_t hdv, float* const* out) {
+template <int RG, class DF, class VT>
+HWY_INLINE void ValueLaneRows(DF df, const float* st, int64_t g0, const VT* v, size_t value_stride,
+                              int64_t n_j, int64_t hdv, float* const* out) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   if (n_j == 0) {
     for (int g = 0; g < RG; ++g) std::fill(out[g0 + g], out[g0 + g] + hdv, 0.0f);
@@ -823,7 +854,8 @@ HWY_INLINE void ValueLaneRows(DF df, const float* st, int64_t g0, const float* v
     for (; d < hdv; ++d)
       for (int g = 0; g < RG; ++g) {
         float acc = first ? 0.0f : out[g0 + g][d];
-        for (int64_t j = j0; j < j1; ++j) acc += st[j * L + g0 + g] * v[j * value_stride + d];
+        for (int64_t j = j0; j < j1; ++j)
+          acc += st[j * L + g0 + g] * KvToF32(v[j * value_stride + d]);
         out[g0 + g][d] = acc;
       }
   }
@@ -837,9 +869,10 @@ constexpr int kScoreTileRows = 4;
 constexpr int kScoreTileRows = 2;
 #endif
 
-void AttentionRowsT(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
-                    const int32_t* hi, const float* keys, size_t key_stride, const float* values,
-                    size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap) {
+template <class KT, class VT>
+void AttentionRowsKv(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
+                     const int32_t* hi, const KT* keys, size_t key_stride, const VT* values,
+                     size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap) {
   const hn::CappedTag<float, 16> df;
   const hn::RebindToSigned<decltype(df)> di;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
@@ -859,7 +892,7 @@ void AttentionRowsT(const float* const* q, float* const* out, int64_t n_q, const
     // summed as the per-token kernel sums them (ScoreTile), whatever rows share the group;
     // lanes past the last row are 0.
     float* st = Grow(scratch.st, static_cast<size_t>(n_j * L));
-    const float* k0 = keys + static_cast<size_t>(j0) * key_stride;
+    const KT* k0 = keys + static_cast<size_t>(j0) * key_stride;
     int64_t a = 0;
     if constexpr (kScoreTileRows == 4) {
       for (; a + 4 <= na; a += 4)
@@ -895,13 +928,28 @@ void AttentionRowsT(const float* const* q, float* const* out, int64_t n_q, const
     for (int64_t jj = 0; jj < n_j; ++jj)
       hn::StoreU(hn::Mul(hn::LoadU(df, st + jj * L), inv), df, st + jj * L);
     // Weighted values, four output rows at a time.
-    const float* v0 = values + static_cast<size_t>(j0) * value_stride;
+    const VT* v0 = values + static_cast<size_t>(j0) * value_stride;
     float* const* o = out + a0;
     int64_t g = 0;
     for (; g + 4 <= na; g += 4) ValueLaneRows<4>(df, st, g, v0, value_stride, n_j, hdv, o);
     for (; g < na; ++g) ValueLaneRows<1>(df, st, g, v0, value_stride, n_j, hdv, o);
   }
 }
+
+// The entry points per cache type (f32 or f16 keys, f32 or f16 values); the f16 rows are
+// passed as their uint16_t bits.
+#define TANDEM_ATTENTION_ROWS(NAME, KT, VT)                                                 \
+  void NAME(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,       \
+            const int32_t* hi, const void* keys, size_t key_stride, const void* values,     \
+            size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap) {     \
+    AttentionRowsKv(q, out, n_q, lo, hi, static_cast<const KT*>(keys), key_stride,          \
+                    static_cast<const VT*>(values), value_stride, hd, hdv, scale, softcap); \
+  }
+TANDEM_ATTENTION_ROWS(AttentionRowsT, float, float)
+TANDEM_ATTENTION_ROWS(AttentionRowsK16T, uint16_t, float)
+TANDEM_ATTENTION_ROWS(AttentionRowsV16T, float, uint16_t)
+TANDEM_ATTENTION_ROWS(AttentionRowsK16V16T, uint16_t, uint16_t)
+#undef TANDEM_ATTENTION_ROWS
 
 // out = gelu(gate) * up with ggml's f16 table GELU, as ref::geglu: the f32 -> f16 index and
 // the f16 -> f32 result are vector conversions (exact / round to nearest even, as the
@@ -1010,14 +1058,21 @@ LogitStats LogitStatsT(const float* x, int64_t n) {
   const auto vm = hn::Set(df, max);
   const auto vlowest = hn::Set(df, std::numeric_limits<float>::lowest());
   ref::ExpMoments sums;
-  int64_t i = 0;
+  int64_t i = 0, first_max = -1;
   constexpr int64_t kFold = 4096;
   while (i + N <= n) {
     auto vz = hn::Zero(df), vw = hn::Zero(df);
     const int64_t end = std::min(n - N + 1, i + kFold);
     for (; i < end; i += N) {
+      const auto v = hn::LoadU(df, x + i);
+      // The first element equal to the max is argmax's answer (ArgmaxT).
+      if (first_max < 0) {
+        const auto eq = hn::Eq(v, vm);
+        if (!hn::AllFalse(df, eq))
+          first_max = i + static_cast<int64_t>(hn::FindKnownFirstTrue(df, eq));
+      }
       // -inf logits (masked tokens) become the lowest finite value: exp 0, and 0 * d stays 0.
-      const auto d = hn::Max(hn::Sub(hn::LoadU(df, x + i), vm), vlowest);
+      const auto d = hn::Max(hn::Sub(v, vm), vlowest);
       const auto e = hn::Exp(df, d);
       vz = hn::Add(vz, e);
       vw = hn::MulAdd(e, d, vw);
@@ -1025,8 +1080,12 @@ LogitStats LogitStatsT(const float* x, int64_t n) {
     sums.z += hn::GetLane(hn::SumOfLanes(df, vz));
     sums.weighted += hn::GetLane(hn::SumOfLanes(df, vw));
   }
+  for (int64_t j = i; j < n && first_max < 0; ++j)
+    if (x[j] == max) first_max = j;
   sums.add(x + i, n - i, max);
-  return sums.stats(max);
+  LogitStats st = sums.stats(max);
+  st.argmax = first_max >= 0 ? first_max : ref::argmax(x, n);  // NaNs: as ArgmaxT
+  return st;
 }
 
 void AxpyT(float alpha, const float* x, float* y, int64_t n) {

@@ -30,6 +30,9 @@ HWY_EXPORT(AttentionValuesT);
 HWY_EXPORT(RmsNormT);
 HWY_EXPORT(TargetNameT);
 HWY_EXPORT(AttentionRowsT);
+HWY_EXPORT(AttentionRowsK16T);
+HWY_EXPORT(AttentionRowsV16T);
+HWY_EXPORT(AttentionRowsK16V16T);
 HWY_EXPORT(TargetIdT);
 HWY_EXPORT(PackTileBytesT);
 HWY_EXPORT(TileWidthT);
@@ -202,14 +205,30 @@ void attention_values(const float* weights, size_t weight_stride, int64_t n_q, c
 void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
                     const int32_t* hi, const float* keys, size_t key_stride, const float* values,
                     size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap) {
+  attention_rows(q, out, n_q, lo, hi, TensorType::F32, keys, key_stride, TensorType::F32, values,
+                 value_stride, hd, hdv, scale, softcap);
+}
+void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
+                    const int32_t* hi, TensorType key_type, const void* keys, size_t key_stride,
+                    TensorType value_type, const void* values, size_t value_stride, int64_t hd,
+                    int64_t hdv, float scale, float softcap) {
   for (int64_t a = 0; a < n_q; ++a) {
     if (lo[a] < 0 || hi[a] <= lo[a])
       throw std::invalid_argument("attention_rows: row " + std::to_string(a) + " sees keys [" +
                                   std::to_string(lo[a]) + ", " + std::to_string(hi[a]) +
                                   "), expected 0 <= lo < hi");
   }
-  HWY_DYNAMIC_DISPATCH(AttentionRowsT)
-  (q, out, n_q, lo, hi, keys, key_stride, values, value_stride, hd, hdv, scale, softcap);
+  const auto is_kv = [](TensorType t) { return t == TensorType::F32 || t == TensorType::F16; };
+  if (!is_kv(key_type) || !is_kv(value_type))
+    throw std::invalid_argument(
+        std::string("attention_rows: cache types ") + std::string(traits(key_type).name) + "/" +
+        std::string(traits(value_type).name) + ", expected f32 or f16 each");
+  const bool k16 = key_type == TensorType::F16, v16 = value_type == TensorType::F16;
+  const auto kernel =
+      k16 ? (v16 ? HWY_DYNAMIC_DISPATCH(AttentionRowsK16V16T)
+                 : HWY_DYNAMIC_DISPATCH(AttentionRowsK16T))
+          : (v16 ? HWY_DYNAMIC_DISPATCH(AttentionRowsV16T) : HWY_DYNAMIC_DISPATCH(AttentionRowsT));
+  kernel(q, out, n_q, lo, hi, keys, key_stride, values, value_stride, hd, hdv, scale, softcap);
 }
 
 float f16_to_f32(uint16_t h) {

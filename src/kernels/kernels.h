@@ -95,10 +95,13 @@ void softmax(float* x, int64_t n);
 // What a logits row's softmax says without writing it: the largest logit, log Z = log sum
 // exp(x) and the entropy in nats, in one read of the row (a vocabulary row is ~1 MiB, read per
 // generated token by the server's log-probabilities and the router's signal).
+// The index of the first largest logit comes with them (argmax's answer), found in the same
+// read, so that greedy decoding with log-probabilities reads the row twice, not four times.
 struct LogitStats {
   float max = 0;
   double log_z = 0;
   double entropy = 0;
+  int64_t argmax = 0;
 };
 LogitStats logit_stats(const float* x, int64_t n);
 // Index of the first largest of x[0..n) (greedy sampling over a vocabulary row); 0 for n <= 0.
@@ -131,6 +134,15 @@ void attention_values(const float* weights, size_t weight_stride, int64_t n_q, c
 void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
                     const int32_t* hi, const float* keys, size_t key_stride, const float* values,
                     size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap);
+// The same over a cache whose keys and values are each f32 or f16 (key_type, value_type:
+// TensorType::F32 or F16; f16 rows are IEEE binary16 bits, strides count elements). f16 rows are
+// widened to f32 as they load; the arithmetic is the f32 kernel's, so the result equals
+// attention_rows over the widened rows, bit for bit on a given target. Throws
+// std::invalid_argument for any other type.
+void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
+                    const int32_t* hi, TensorType key_type, const void* keys, size_t key_stride,
+                    TensorType value_type, const void* values, size_t value_stride, int64_t hd,
+                    int64_t hdv, float scale, float softcap);
 
 // Half-precision conversions (IEEE binary16 and bfloat16), bit-exact with ggml.
 float f16_to_f32(uint16_t h);

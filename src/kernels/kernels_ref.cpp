@@ -590,7 +590,9 @@ LogitStats logit_stats(const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) max = std::fmax(max, x[i]);
   ExpMoments sums;
   sums.add(x, n, max);
-  return sums.stats(max);
+  LogitStats st = sums.stats(max);
+  st.argmax = argmax(x, n);
+  return st;
 }
 
 int64_t argmax(const float* x, int64_t n) {
@@ -658,6 +660,32 @@ void attention_rows(const float* const* q, float* const* out, int64_t n_q, const
     for (int64_t j = 0; j < n; ++j)
       axpy(p[static_cast<size_t>(j)], values + (lo[a] + j) * value_stride, out[a], hdv);
   }
+}
+
+void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
+                    const int32_t* hi, TensorType key_type, const void* keys, size_t key_stride,
+                    TensorType value_type, const void* values, size_t value_stride, int64_t hd,
+                    int64_t hdv, float scale, float softcap) {
+  // Widens the rows the queries see into f32 copies and runs the f32 reference on them.
+  int32_t n_k = 0;
+  for (int64_t a = 0; a < n_q; ++a) n_k = std::max(n_k, hi[a]);
+  const auto widen = [n_k](TensorType t, const void* src, size_t stride, int64_t width) {
+    std::vector<float> rows(static_cast<size_t>(n_k) * stride);
+    for (int64_t j = 0; j < n_k; ++j) {
+      float* dst = rows.data() + j * stride;
+      if (t == TensorType::F16) {
+        const uint16_t* h = static_cast<const uint16_t*>(src) + j * stride;
+        for (int64_t d = 0; d < width; ++d) dst[d] = f16_to_f32(h[d]);
+      } else {
+        std::memcpy(dst, static_cast<const float*>(src) + j * stride, sizeof(float) * width);
+      }
+    }
+    return rows;
+  };
+  const std::vector<float> k = widen(key_type, keys, key_stride, hd);
+  const std::vector<float> v = widen(value_type, values, value_stride, hdv);
+  attention_rows(q, out, n_q, lo, hi, k.data(), key_stride, v.data(), value_stride, hd, hdv, scale,
+                 softcap);
 }
 
 }  // namespace tandem::kernels::ref

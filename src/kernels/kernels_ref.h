@@ -56,5 +56,9 @@ void attention_values(const float* weights, size_t weight_stride, int64_t n_q, c
 void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
                     const int32_t* hi, const float* keys, size_t key_stride, const float* values,
                     size_t value_stride, int64_t hd, int64_t hdv, float scale, float softcap);
+void attention_rows(const float* const* q, float* const* out, int64_t n_q, const int32_t* lo,
+                    const int32_t* hi, TensorType key_type, const void* keys, size_t key_stride,
+                    TensorType value_type, const void* values, size_t value_stride, int64_t hd,
+                    int64_t hdv, float scale, float softcap);
 
 }  // namespace tandem::kernels::ref

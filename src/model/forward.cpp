@@ -161,6 +161,8 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
   const bool swa = c_.layer_is_swa[layer] && c_.sliding_window > 0;
   const int window = c_.sliding_window;
   const int kv_stride = cache.kv_dim(), v_stride = cache.v_dim();
+  const size_t key_size = traits(cache.key_type()).type_size,
+               value_size = traits(cache.value_type()).type_size;
   // A key at position p0 is visible to a query at p1 iff p0 <= p1 and, on sliding-window layers,
   // p1 - p0 < window.
   const auto first_key = [&](int pos) { return swa ? std::max(0, pos - window + 1) : 0; };
@@ -184,11 +186,12 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
       const auto [i0, len] = runs_[job / n_kv];
       const int kvh = job % n_kv;
       const BatchToken& bt = batch[i0];
-      const float* keys = cache.keys(layer, bt.seq) + static_cast<size_t>(kvh) * hd;
-      const float* vals = cache.values(layer, bt.seq) + static_cast<size_t>(kvh) * hdv;
       const int j0 = first_key(bt.pos);  // the run's first visible key
-      const float* keys0 = keys + static_cast<size_t>(j0) * kv_stride;
-      const float* vals0 = vals + static_cast<size_t>(j0) * v_stride;
+      // This KV head's rows from key j0 on (elements of key_size / value_size bytes).
+      const std::byte* keys0 = static_cast<const std::byte*>(cache.keys(layer, bt.seq)) +
+                               (static_cast<size_t>(j0) * kv_stride + kvh * hd) * key_size;
+      const std::byte* vals0 = static_cast<const std::byte*>(cache.values(layer, bt.seq)) +
+                               (static_cast<size_t>(j0) * v_stride + kvh * hdv) * value_size;
       const size_t head0 = static_cast<size_t>(kvh) * group;
       q_rows.clear();
       out_rows.clear();
@@ -204,8 +207,8 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
         }
       }
       kernels::attention_rows(q_rows.data(), out_rows.data(), len * group, lo.data(), hi.data(),
-                              keys0, kv_stride, vals0, v_stride, hd, hdv, c_.kq_scale,
-                              c_.attn_logit_softcap);
+                              cache.key_type(), keys0, kv_stride, cache.value_type(), vals0,
+                              v_stride, hd, hdv, c_.kq_scale, c_.attn_logit_softcap);
     }
   });
 }
@@ -254,10 +257,8 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
           for (int d = 0; d < c_.q_dim(); ++d) q[d] *= c_.query_scale;
         }
         // Store this token's key and value at its position.
-        std::memcpy(cache.keys(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.kv_dim(),
-                    k, sizeof(float) * c_.kv_dim());
-        std::memcpy(cache.values(il, batch[i].seq) + static_cast<size_t>(batch[i].pos) * c_.v_dim(),
-                    v_.data() + static_cast<size_t>(i) * c_.v_dim(), sizeof(float) * c_.v_dim());
+        cache.store(il, batch[i].seq, batch[i].pos, k,
+                    v_.data() + static_cast<size_t>(i) * c_.v_dim());
       }
     });
     attention(il, batch, cache);

@@ -4,21 +4,68 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/kernels.h"
 
 namespace tandem {
 
-KvCache::KvCache(int n_layer, int n_seq, int n_ctx, int kv_dim, int v_dim)
-    : n_layer_(n_layer), n_seq_(n_seq), n_ctx_(n_ctx), kv_dim_(kv_dim), v_dim_(v_dim) {
+namespace {
+
+size_t element_size(TensorType t, const char* what) {
+  if (t == TensorType::F32) return 4;
+  if (t == TensorType::F16) return 2;
+  throw std::invalid_argument(std::string("KV cache ") + what + " type " +
+                              std::string(traits(t).name) + ", expected f32 or f16");
+}
+
+void store_row(TensorType t, const float* src, void* dst, int n) {
+  if (t == TensorType::F32) {
+    std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
+  } else {
+    kernels::quantize_activation_row(TensorType::F16, src, dst, n);
+  }
+}
+
+}  // namespace
+
+KvCache::KvCache(int n_layer, int n_seq, int n_ctx, int kv_dim, int v_dim, TensorType key_type,
+                 TensorType value_type)
+    : n_layer_(n_layer),
+      n_seq_(n_seq),
+      n_ctx_(n_ctx),
+      kv_dim_(kv_dim),
+      v_dim_(v_dim),
+      key_type_(key_type),
+      value_type_(value_type),
+      key_size_(element_size(key_type, "key")),
+      value_size_(element_size(value_type, "value")) {
   const size_t slots = static_cast<size_t>(n_layer) * n_seq * static_cast<size_t>(n_ctx);
-  // new float[] without () leaves the pages untouched until written.
-  k_.reset(new float[slots * kv_dim]);
-  v_.reset(new float[slots * v_dim]);
+  // new std::byte[] without () leaves the pages untouched until written.
+  k_.reset(new std::byte[slots * kv_dim * key_size_]);
+  v_.reset(new std::byte[slots * v_dim * value_size_]);
   len_.assign(n_seq, 0);
 }
 
+void KvCache::store(int layer, int seq, int pos, const float* key, const float* value) {
+  store_row(
+      key_type_, key,
+      static_cast<std::byte*>(keys(layer, seq)) + static_cast<size_t>(pos) * kv_dim_ * key_size_,
+      kv_dim_);
+  store_row(
+      value_type_, value,
+      static_cast<std::byte*>(values(layer, seq)) + static_cast<size_t>(pos) * v_dim_ * value_size_,
+      v_dim_);
+}
+
+size_t KvCache::bytes_per_position() const {
+  return static_cast<size_t>(n_layer_) * (kv_dim_ * key_size_ + v_dim_ * value_size_);
+}
+
 size_t KvCache::bytes() const {
-  return static_cast<size_t>(n_layer_) * n_seq_ * static_cast<size_t>(n_ctx_) * (kv_dim_ + v_dim_) *
-         sizeof(float);
+  return static_cast<size_t>(n_seq_) * static_cast<size_t>(n_ctx_) * bytes_per_position();
 }
 
 namespace {
@@ -37,8 +84,8 @@ void drop_pages(void* p, size_t bytes) {
 void KvCache::release(int seq) {
   len_[seq] = 0;
   for (int l = 0; l < n_layer_; ++l) {
-    drop_pages(keys(l, seq), static_cast<size_t>(n_ctx_) * kv_dim_ * sizeof(float));
-    drop_pages(values(l, seq), static_cast<size_t>(n_ctx_) * v_dim_ * sizeof(float));
+    drop_pages(keys(l, seq), static_cast<size_t>(n_ctx_) * kv_dim_ * key_size_);
+    drop_pages(values(l, seq), static_cast<size_t>(n_ctx_) * v_dim_ * value_size_);
   }
 }
 

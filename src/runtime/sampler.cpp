@@ -46,13 +46,16 @@ void Sampler::accept(TokenId token) {
   }
 }
 
+bool Sampler::greedy() const {
+  return params_.temp <= 0 && (params_.repeat_penalty == 1.0f || params_.repeat_last_n <= 0);
+}
+
 TokenId Sampler::sample(std::span<const float> logits) {
   const int n = static_cast<int>(logits.size());
   if (n == 0) throw Error("sample: empty logits");
   // Greedy without penalties: the first largest logit, without building the candidate list (a
   // server samples hundreds of rows of 262k logits per batch on one thread).
-  if (params_.temp <= 0 && (params_.repeat_penalty == 1.0f || params_.repeat_last_n <= 0))
-    return static_cast<TokenId>(kernels::argmax(logits.data(), n));
+  if (greedy()) return static_cast<TokenId>(kernels::argmax(logits.data(), n));
   cand_.resize(n);
   for (int i = 0; i < n; ++i) cand_[i] = {logits[i], i};
 

@@ -172,10 +172,6 @@ std::vector<TopEntry> top_n(std::span<const float> logits, int n, double log_z) 
   return out;
 }
 
-TokenId argmax(std::span<const float> logits) {
-  return static_cast<TokenId>(kernels::argmax(logits.data(), static_cast<int64_t>(logits.size())));
-}
-
 json top_json(const std::vector<TopEntry>& top) {
   json a = json::array();
   for (const auto& e : top) a.push_back({{"id", e.id}, {"logprob", e.logprob}});
@@ -335,10 +331,16 @@ class StepJob : public Job {
   }
 
   void on_logits(size_t index, std::span<const float> logits) override {
+    // One read of the row for argmax and log Z together (greedy), one more for the top-n.
+    const kernels::LogitStats st =
+        kernels::logit_stats(logits.data(), static_cast<int64_t>(logits.size()));
     if (req_.kind == StepKind::Generate) {
-      const TokenId t = sampler_.sample(logits);
+      const TokenId t =
+          sampler_.greedy() ? static_cast<TokenId>(st.argmax) : sampler_.sample(logits);
       sampler_.accept(t);
-      record(t, logits, tokens_, logprobs_, tops_);
+      tokens_.push_back(t);
+      logprobs_.push_back(static_cast<float>(logits[t] - st.log_z));
+      if (req_.top_n > 0) tops_.push_back(top_n(logits, req_.top_n, st.log_z));
       produced_.assign(1, t);
       sched_.session_append(session_id, produced_);
       ++pos_;
@@ -348,10 +350,9 @@ class StepJob : public Job {
     // Verify: row k (0 = the last history token, k = draft k-1) predicts draft k.
     const size_t k = index - (feed.size() - req_.draft.size() - 1);
     if (k >= targets_.size()) return;
-    targets_[k] = argmax(logits);
-    const double log_z = log_normalizer(logits);
-    target_logprob_[k] = static_cast<float>(logits[targets_[k]] - log_z);
-    if (req_.top_n > 0) target_top_[k] = top_n(logits, req_.top_n, log_z);
+    targets_[k] = static_cast<TokenId>(st.argmax);
+    target_logprob_[k] = static_cast<float>(logits[targets_[k]] - st.log_z);
+    if (req_.top_n > 0) target_top_[k] = top_n(logits, req_.top_n, st.log_z);
   }
 
   bool on_feed_done() override {
@@ -414,14 +415,6 @@ class StepJob : public Job {
   }
 
  private:
-  void record(TokenId t, std::span<const float> logits, std::vector<TokenId>& toks,
-              std::vector<float>& lps, std::vector<std::vector<TopEntry>>& tops) {
-    const double log_z = log_normalizer(logits);
-    toks.push_back(t);
-    lps.push_back(static_cast<float>(logits[t] - log_z));
-    if (req_.top_n > 0) tops.push_back(top_n(logits, req_.top_n, log_z));
-  }
-
   Scheduler& sched_;
   Metrics& metrics_;
   std::shared_ptr<Responder> res_;

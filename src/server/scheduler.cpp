@@ -24,8 +24,6 @@ std::string hex64(uint64_t v) {
 
 Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metrics& metrics)
     : model_(model), options_(options), metrics_(metrics) {
-  const ModelConfig& c = model.config();
-  kv_bytes_per_token_ = static_cast<uint64_t>(c.n_layer) * (c.kv_dim() + c.v_dim()) * sizeof(float);
   if (options_.max_sessions < 1 || options_.stateless_slots < 1) {
     throw Error("the server needs at least one session slot and one stateless slot");
   }
@@ -42,7 +40,10 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
   cp.n_ctx = options_.n_ctx;
   cp.n_seq = options_.max_sessions + options_.stateless_slots;
   cp.n_threads = options_.n_threads;
+  cp.type_k = options_.type_k;
+  cp.type_v = options_.type_v;
   ctx_ = std::make_unique<Context>(model, cp);
+  kv_bytes_per_token_ = ctx_->kv_bytes_per_position();
   options_.n_ctx = ctx_->n_ctx();
   const uint64_t full = kv_bytes_per_token_ * options_.n_ctx * cp.n_seq;
   if (options_.kv_cap_bytes == 0 || options_.kv_cap_bytes > full) options_.kv_cap_bytes = full;

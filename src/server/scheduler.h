@@ -90,6 +90,8 @@ struct SchedulerOptions {
   uint64_t kv_cap_bytes = 0;    // 0: as much as n_ctx × slots needs
   double idle_timeout_s = 600;  // sessions unused this long expire
   int n_threads = 0;
+  KvCacheType type_k = KvCacheType::F32;  // --cache-type-k / -ctk
+  KvCacheType type_v = KvCacheType::F32;  // --cache-type-v / -ctv
   // Prepended to session ids, so a proxy in front of several replicas can route a session's
   // steps to the replica that holds it by the id alone (docs/deploy.md).
   std::string session_prefix;

@@ -439,6 +439,45 @@ TEST(KernelsSimdQuantize, ActivationRowsMatchReference) {
   }
 }
 
+// f32 -> f16 rows (f16 weights' activations, an f16 KV cache) byte for byte as the reference on
+// every target: ties to even, overflow to infinity, subnormals, signed zero, NaN, and a tail
+// shorter than a vector.
+TEST(KernelsSimdQuantize, F16RowsMatchReference) {
+  std::mt19937 rng(78);
+  const int64_t n = 1027;
+  auto x = RandomFloats(rng, static_cast<size_t>(n), 3.0f);
+  const float specials[] = {1.0f + 1.0f / 2048,
+                            1.0f + 3.0f / 2048,
+                            65504.0f,
+                            65520.0f,
+                            70000.0f,
+                            -1e9f,
+                            1e-6f,
+                            -3e-8f,
+                            -0.0f,
+                            std::nanf(""),
+                            5.96e-8f,
+                            2.98e-8f};
+  for (size_t i = 0; i < std::size(specials); ++i) {
+    x[3 + i] = specials[i];
+    x[static_cast<size_t>(n) - 1 - i] = specials[i];
+  }
+  std::vector<uint16_t> want(static_cast<size_t>(n));
+  ref::quantize_activation_row(TensorType::F16, x.data(), want.data(), n);
+  ForEachTarget([&](const char* target) {
+    std::vector<uint16_t> got(static_cast<size_t>(n), 0xABCD);
+    quantize_activation_row(TensorType::F16, x.data(), got.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(x[static_cast<size_t>(i)])) {
+        EXPECT_TRUE(std::isnan(f16_to_f32(got[static_cast<size_t>(i)]))) << target << " " << i;
+      } else {
+        EXPECT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)])
+            << target << " " << i << " " << x[static_cast<size_t>(i)];
+      }
+    }
+  });
+}
+
 // Attention kernels against the reference, with query/key counts and head sizes that leave
 // remainders in every tile dimension and strides wider than the rows.
 TEST(KernelsSimdAttention, ScoresAndValuesMatchReference) {
@@ -532,6 +571,66 @@ TEST(KernelsSimdAttention, RowsMatchReference) {
   const int32_t lo = 3, hi = 3;
   EXPECT_THROW(attention_rows(&qp, &op, 1, &lo, &hi, &x, 1, &x, 1, 1, 1, 1.0f, 0.0f),
                std::invalid_argument);
+  // Only f32 and f16 caches exist.
+  const int32_t lo0 = 0, hi1 = 1;
+  EXPECT_THROW(attention_rows(&qp, &op, 1, &lo0, &hi1, TensorType::BF16, &x, 1, TensorType::F32, &x,
+                              1, 1, 1, 1.0f, 0.0f),
+               std::invalid_argument);
+}
+
+// attention_rows over an f16 cache (keys, values or both): on every target, bit for bit the f32
+// kernel over the same rows widened to f32, and within rounding of the reference.
+TEST(KernelsSimdAttention, F16CacheRowsEqualF32KernelOnWidenedRows) {
+  std::mt19937 rng(94);
+  const std::pair<TensorType, TensorType> types[] = {{TensorType::F16, TensorType::F16},
+                                                     {TensorType::F16, TensorType::F32},
+                                                     {TensorType::F32, TensorType::F16}};
+  for (const auto& [kt, vt] : types) {
+    for (int64_t hd : {64, 256, 20}) {
+      for (int group : {1, 4}) {
+        for (int window : {0, 5}) {
+          const int tokens = 5, pos0 = 9;
+          const int64_t n_q = tokens * group, n_k = pos0 + tokens, hdv = hd;
+          SCOPED_TRACE(std::string(traits(kt).name) + "/" + std::string(traits(vt).name) +
+                       " hd=" + std::to_string(hd) + " group=" + std::to_string(group) +
+                       " window=" + std::to_string(window));
+          const size_t kstride = static_cast<size_t>(hd) + 3, vstride = static_cast<size_t>(hdv);
+          const auto q = RandomFloats(rng, static_cast<size_t>(n_q * hd), 2.0f);
+          const auto keys = testing::ToCacheRows(RandomFloats(rng, n_k * kstride), kt);
+          const auto vals = testing::ToCacheRows(RandomFloats(rng, n_k * vstride), vt);
+          std::vector<const float*> qr;
+          std::vector<int32_t> lo, hi;
+          for (int t = 0; t < tokens; ++t)
+            for (int g = 0; g < group; ++g) {
+              qr.push_back(q.data() + (t * group + g) * hd);
+              lo.push_back(window > 0 ? std::max(0, pos0 + t - window + 1) : 0);
+              hi.push_back(pos0 + t + 1);
+            }
+          const auto rows = [&](std::vector<float>& o) {
+            o.assign(static_cast<size_t>(n_q * hdv), -9.0f);
+            std::vector<float*> r;
+            for (int64_t a = 0; a < n_q; ++a) r.push_back(o.data() + a * hdv);
+            return r;
+          };
+          std::vector<float> o_ref;
+          auto orr = rows(o_ref);
+          ref::attention_rows(qr.data(), orr.data(), n_q, lo.data(), hi.data(), kt, keys.data(),
+                              kstride, vt, vals.data(), vstride, hd, hdv, 0.1f, 0.0f);
+          ForEachTarget([&](const char* target) {
+            std::vector<float> o, o_wide;
+            auto orows = rows(o), owide = rows(o_wide);
+            attention_rows(qr.data(), orows.data(), n_q, lo.data(), hi.data(), kt, keys.data(),
+                           kstride, vt, vals.data(), vstride, hd, hdv, 0.1f, 0.0f);
+            attention_rows(qr.data(), owide.data(), n_q, lo.data(), hi.data(), keys.f32.data(),
+                           kstride, vals.f32.data(), vstride, hd, hdv, 0.1f, 0.0f);
+            ASSERT_EQ(std::memcmp(o.data(), o_wide.data(), o.size() * sizeof(float)), 0) << target;
+            for (size_t i = 0; i < o.size(); ++i)
+              EXPECT_NEAR(o[i], o_ref[i], 2e-5) << target << " " << i;
+          });
+        }
+      }
+    }
+  }
 }
 
 // The SIMD GELU-table gate matches the reference bit for bit on every target, over the whole
@@ -568,6 +667,8 @@ TEST(KernelsSimdF32, LogitStatsMatchReference) {
     ForEachTarget([&](const char* target) {
       const LogitStats got = logit_stats(x.data(), n);
       EXPECT_EQ(got.max, want.max) << target;
+      EXPECT_EQ(got.argmax, want.argmax) << target;
+      EXPECT_EQ(got.argmax, argmax(x.data(), n)) << target;
       EXPECT_NEAR(got.log_z, want.log_z, 1e-5 * std::fabs(want.log_z) + 1e-6) << target;
       EXPECT_NEAR(got.entropy, want.entropy, 1e-5 * want.entropy + 1e-6) << target;
     });
@@ -583,8 +684,8 @@ TEST(KernelsSimdF32, LogitStatsMatchReference) {
   EXPECT_NEAR(logit_stats(flat.data(), 4096).entropy, std::log(4096.0), 1e-5);
 }
 
-// argmax: the first largest, as the scalar reference, with ties (the first wins), the largest in
-// the tail, -inf and all-equal rows.
+// argmax (and logit_stats' argmax): the first largest, as the scalar reference, with ties (the
+// first wins), the largest in the tail, -inf and all-equal rows.
 TEST(KernelsSimdF32, ArgmaxMatchesReference) {
   std::mt19937 rng(31);
   for (int64_t n : {1, 2, 15, 17, 257, 4864, 262144}) {
@@ -601,7 +702,10 @@ TEST(KernelsSimdF32, ArgmaxMatchesReference) {
     rows.push_back(std::vector<float>(static_cast<size_t>(n), 0.5f));
     for (const auto& row : rows) {
       const int64_t want = ref::argmax(row.data(), n);
-      ForEachTarget([&](const char* target) { EXPECT_EQ(argmax(row.data(), n), want) << target; });
+      ForEachTarget([&](const char* target) {
+        EXPECT_EQ(argmax(row.data(), n), want) << target;
+        EXPECT_EQ(logit_stats(row.data(), n).argmax, want) << target << " (logit_stats)";
+      });
     }
   }
   EXPECT_EQ(argmax(nullptr, 0), 0);

@@ -35,4 +35,24 @@ inline std::vector<float> RandomFloats(std::mt19937& rng, size_t n, float scale 
   return v;
 }
 
+// A KV cache's rows in one of its element types: f32 as given, or rounded to f16 (the bits).
+struct CacheRows {
+  TensorType type;
+  std::vector<float> f32;      // the values as the kernel sees them (f16 rows widened back)
+  std::vector<uint16_t> bits;  // f16 only
+  const void* data() const {
+    return type == TensorType::F16 ? static_cast<const void*>(bits.data()) : f32.data();
+  }
+};
+inline CacheRows ToCacheRows(const std::vector<float>& x, TensorType type) {
+  CacheRows r{type, x, {}};
+  if (type == TensorType::F16) {
+    for (float& v : r.f32) {
+      r.bits.push_back(f32_to_f16(v));
+      v = f16_to_f32(r.bits.back());
+    }
+  }
+  return r;
+}
+
 }  // namespace tandem::kernels::testing

@@ -50,7 +50,8 @@ struct Scenario {
 
 class Runner {
  public:
-  Runner(const Model& model, int n_ctx, int n_seq) : model_(model), n_ctx_(n_ctx), n_seq_(n_seq) {}
+  Runner(const Model& model, int n_ctx, int n_seq, KvCacheType kv = KvCacheType::F32)
+      : model_(model), n_ctx_(n_ctx), n_seq_(n_seq), kv_(kv) {}
 
   // Runs A's tokens through a fresh context according to the scenario.
   Outputs run(const std::vector<TokenId>& a_tokens, const Scenario& sc, uint32_t seed) const {
@@ -58,6 +59,7 @@ class Runner {
     cp.n_ctx = n_ctx_;
     cp.n_seq = n_seq_;
     cp.n_threads = 2;
+    cp.type_k = cp.type_v = kv_;
     Context ctx(model_, cp);
     std::mt19937 rng(seed);
     const int n_vocab = model_.info().n_vocab;
@@ -150,6 +152,7 @@ class Runner {
  private:
   const Model& model_;
   int n_ctx_, n_seq_;
+  KvCacheType kv_;
 };
 
 // The first position where `got` differs from `want` in any bit, or -1.
@@ -196,12 +199,12 @@ std::vector<Scenario> Scenarios(int n_prompt) {
 
 // Runs every scenario and compares it with the first one; returns the number of mismatches.
 void CheckModel(const Model& model, int n_prompt, int n_decode, int n_ctx, uint32_t seed,
-                const std::string& label) {
+                const std::string& label, KvCacheType kv = KvCacheType::F32) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> token(3, std::min(model.info().n_vocab, 4096) - 1);
   std::vector<TokenId> a_tokens;
   for (int i = 0; i < n_prompt + n_decode; ++i) a_tokens.push_back(token(rng));
-  const Runner runner(model, n_ctx, 6);
+  const Runner runner(model, n_ctx, 6, kv);
   const auto scenarios = Scenarios(n_prompt);
   const Outputs ref = runner.run(a_tokens, scenarios[0], seed);
   for (size_t s = 1; s < scenarios.size(); ++s) {
@@ -259,8 +262,13 @@ INSTANTIATE_TEST_SUITE_P(
 // Logits of n_seq sequences prefilled together (n_prompt tokens each, one batch) and then decoded
 // together for n_decode steps (one token of each per batch): [step][seq][n_vocab], step 0 the
 // prefill's last position.
-std::vector<float> BatchedLogits(const Model& model, int n_seq, int n_prompt, int n_decode) {
-  Context ctx(model, {.n_ctx = n_prompt + n_decode + 1, .n_seq = n_seq, .n_threads = 2});
+std::vector<float> BatchedLogits(const Model& model, int n_seq, int n_prompt, int n_decode,
+                                 KvCacheType kv = KvCacheType::F32) {
+  Context ctx(model, {.n_ctx = n_prompt + n_decode + 1,
+                      .n_seq = n_seq,
+                      .n_threads = 2,
+                      .type_k = kv,
+                      .type_v = kv});
   const int n_vocab = model.info().n_vocab;
   std::mt19937 rng(99);
   std::uniform_int_distribution<int> token(3, std::min(n_vocab, 4096) - 1);
@@ -296,6 +304,55 @@ TEST(RepackedWeights, SameLogitsAsThePlainModel) {
     ASSERT_EQ(want.size(), got.size());
     EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << file;
   }
+}
+
+// An f16 KV cache (-ctk/-ctv f16) keeps batch invariance on every target: the keys and values
+// are rounded once when stored, the same way whatever batch stored them. Gemma 3 (42 positions:
+// past the synthetic model's sliding window of 32) and a GQA Qwen2.
+TEST(F16KvCache, BatchInvariantOnEveryTarget) {
+  for (const char* file : {"synth-gemma3-Q4_K_M.gguf", "synth-qwen2-Q4_K_M.gguf"}) {
+    const auto model = Model::load(tandem::testing::testdata_path(std::string("models/") + file));
+    for (const std::string& target : kernels::simd_targets()) {
+      kernels::set_simd_target(target);
+      CheckModel(*model, 30, 12, 96, 7, std::string(file) + " f16 KV on " + target,
+                 KvCacheType::F16);
+    }
+  }
+  kernels::set_simd_target("");
+}
+
+// An f16 cache changes the logits only by the rounding of the cached keys and values: close to
+// the f32 cache's (not equal: the test fails if the type is ignored), with the same argmax on
+// most rows, and the cache takes half the bytes.
+TEST(F16KvCache, CloseToF32Cache) {
+  const auto model = Model::load(tandem::testing::testdata_path("models/synth-gemma3-Q4_K_M.gguf"));
+  const auto f32 = BatchedLogits(*model, 4, 24, 8, KvCacheType::F32);
+  const auto f16 = BatchedLogits(*model, 4, 24, 8, KvCacheType::F16);
+  ASSERT_EQ(f32.size(), f16.size());
+  const size_t n_vocab = static_cast<size_t>(model->info().n_vocab);
+  double max_diff = 0, max_abs = 0;
+  int same_argmax = 0, rows = 0;
+  for (size_t r = 0; r * n_vocab < f32.size(); ++r, ++rows) {
+    const float* a = f32.data() + r * n_vocab;
+    const float* b = f16.data() + r * n_vocab;
+    for (size_t i = 0; i < n_vocab; ++i) {
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+      max_abs = std::max(max_abs, std::fabs(static_cast<double>(a[i])));
+    }
+    same_argmax += std::max_element(a, a + n_vocab) - a == std::max_element(b, b + n_vocab) - b;
+  }
+  EXPECT_GT(max_diff, 0.0) << "the f16 cache gave the f32 cache's logits bit for bit";
+  // The synthetic model's random weights amplify the rounding more than a trained model does
+  // (the real model's perplexity moves by 0.1%: docs/benchmarks.md); bounds that still catch a
+  // cache read as the wrong type, which gives unrelated logits.
+  EXPECT_LT(max_diff, 0.1 * max_abs) << "largest |logit| " << max_abs;
+  EXPECT_GE(same_argmax * 10, rows * 8) << "of " << rows << " rows";
+  Context c32(*model, {.n_ctx = 64, .n_seq = 2});
+  Context c16(*model,
+              {.n_ctx = 64, .n_seq = 2, .type_k = KvCacheType::F16, .type_v = KvCacheType::F16});
+  EXPECT_EQ(c16.kv_bytes_per_position() * 2, c32.kv_bytes_per_position());
+  Context mixed(*model, {.n_ctx = 64, .n_seq = 2, .type_k = KvCacheType::F16});
+  EXPECT_EQ(mixed.kv_bytes_per_position() * 4, c32.kv_bytes_per_position() * 3);
 }
 
 // The real model, on the best target: longer prompt, Gemma 3's sliding window not reached.

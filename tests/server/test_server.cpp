@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <thread>
 
 #include "common/testdata.h"
 #include "model/model_config.h"
@@ -26,9 +27,9 @@ std::string model_path(const char* rel = kLlama) {
 
 // Greedy continuation computed in this process, as `tandem generate --temp 0` does.
 std::vector<TokenId> local_greedy(const std::string& path, const std::vector<TokenId>& prompt,
-                                  int n) {
+                                  int n, KvCacheType kv = KvCacheType::F32) {
   auto model = Model::load(path);
-  Context ctx(*model, {.n_ctx = 512, .n_seq = 1, .n_threads = 1});
+  Context ctx(*model, {.n_ctx = 512, .n_seq = 1, .n_threads = 1, .type_k = kv, .type_v = kv});
   SamplingParams sp;
   sp.temp = 0;
   Sampler sampler(sp);
@@ -52,6 +53,31 @@ std::string step_path(const std::string& id) {
 
 std::vector<TokenId> ids_of(const json& j) {
   return j["tokens"].get<std::vector<TokenId>>();
+}
+
+// With an f16 KV cache (llama.cpp's spelling, -ctk/-ctv), a session still equals `generate`
+// with the same cache type, alone and among 7 other sessions' steps.
+TEST(Server, F16CacheSessionEqualsLocalGreedy) {
+  const std::string path = model_path("models/synth-gemma3-Q4_K_M.gguf");
+  const auto prompt = prompt_ids(path, "Once upon a time there was a small robot who lived");
+  const auto want = local_greedy(path, prompt, 40, KvCacheType::F16);
+  ASSERT_NE(want, local_greedy(path, prompt, 40)) << "the cache type changed nothing";
+  ServerProcess server(path, {"-ctk", "f16", "-ctv", "f16"});
+  std::vector<std::thread> threads;
+  std::vector<std::vector<TokenId>> got(8);
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      TestClient c = server.client();
+      const std::string id = new_session(c);
+      std::vector<TokenId> p = prompt;
+      if (i > 0) p.back() = 300 + i;  // the others' prompts differ
+      const HttpResult r =
+          c.post(step_path(id), {{"expected_pos", 0}, {"append", p}, {"generate", {{"n", 40}}}});
+      if (r.status == 200) got[i] = ids_of(r.j());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(got[0], want);
 }
 
 TEST(Server, InfoCarriesTheModelFingerprint) {
