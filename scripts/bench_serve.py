@@ -6,9 +6,16 @@
 
 1. Throughput: N concurrent sessions each append a 32-token prompt, then ask for 16 tokens per
    step until the time is up; generated tokens per second over all sessions (median of --reps
-   runs, with min..max), and the ratio to one session; also generated tokens per CPU second of
-   the server process (its own work, robust to other load on a shared machine; at one session
-   it leaves out the time the server waits for the client, so that ratio is the stricter one).
+   runs, with min..max), and the ratio to one session. Counted by the server: the tokens its
+   decode batches ran between the start and the end of the window (/metrics
+   tandem_batch_tokens_sum, less the prompts of sessions renewed past 2,200 tokens: every other
+   row of this load generates one token), so that the steps still running when the time is up
+   count for what they did in it. The clients' own count of
+   the tokens of the steps they finished in time is printed next to it: it leaves out up to a
+   step per session (at 32 sessions ~7% of a 10 s window). Also generated tokens per CPU second
+   of the server process over the window (its own work, robust to other load on a shared
+   machine; at one session it leaves out the time the server waits for the client, so that
+   ratio is the stricter one), and the mean rows per batch.
 2. Step latency: one session, each step appends 1 token and generates 1 (what a route event
    costs), next to one bare engine decode step (`tandem bench -p 0 -n 128` on the same cores).
 3. Bytes per step against context length: the request and answer bytes of such a step at
@@ -104,11 +111,12 @@ def metric(port, name):
 
 
 def throughput(port, n_sessions, seconds, pid=None):
-    """Generated tokens per wall-clock second, and per CPU second of the server (pid) over the
-    same interval: on a shared machine the second is what the server's own work costs, whatever
-    else ran on its core."""
+    """Over a window of `seconds`: generated tokens per second as the server counts them (the
+    rows of its decode batches), as the clients count them (finished steps), per CPU second of
+    the server (pid), and the mean rows per batch."""
     prompt = [2] + [(i * 7919) % 200000 + 1000 for i in range(31)]
     counts = [0] * n_sessions
+    renewed = [0] * n_sessions
     start = threading.Barrier(n_sessions + 1)
     stop_at = [0.0]
     errors = []
@@ -125,6 +133,8 @@ def throughput(port, n_sessions, seconds, pid=None):
                 sid = new_session(conn)
                 conn.post(f"/tandem/v1/sessions/{sid}/step", {"expected_pos": 0, "append": prompt})
                 pos = len(prompt)
+                if time.time() <= stop_at[0]:
+                    renewed[i] += len(prompt)  # batch rows that generated nothing
             status, body = conn.post(f"/tandem/v1/sessions/{sid}/step",
                                      {"expected_pos": pos, "generate": {"n": 16}})
             if status != 200:
@@ -141,19 +151,24 @@ def throughput(port, n_sessions, seconds, pid=None):
     start.wait()
     t0 = time.time()
     cpu0 = cpu_seconds(pid) if pid else 0.0
+    rows0 = metric(port, "tandem_batch_tokens_sum")
     batches0 = metric(port, "tandem_batch_tokens_count")
     stop_at[0] = t0 + seconds
+    time.sleep(max(0.0, stop_at[0] - time.time()))
+    t1 = time.time()
+    cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
+    rows = metric(port, "tandem_batch_tokens_sum") - rows0 - sum(renewed)
+    batches = metric(port, "tandem_batch_tokens_count") - batches0
     for t in threads:
         t.join()
-    cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
-    batches = metric(port, "tandem_batch_tokens_count") - batches0
-    if batches:
-        print(f"  {n_sessions} sessions: {batches:.0f} batches, {1000 * cpu / batches:.1f} ms of "
-              f"server CPU per batch", file=sys.stderr)
     if errors:
         sys.exit(f"errors: {errors[:3]}")
-    wall = sum(counts) / (time.time() - t0 if time.time() - t0 < seconds * 1.5 else seconds)
-    return wall, (sum(counts) / cpu if cpu > 0 else 0.0)
+    rows_per_batch = rows / batches if batches else 0.0
+    if batches:
+        print(f"  {n_sessions} sessions: {batches:.0f} batches of {rows_per_batch:.1f} rows, "
+              f"{1000 * cpu / batches:.1f} ms of server CPU per batch", file=sys.stderr)
+    return {"server": rows / (t1 - t0), "client": sum(counts) / seconds,
+            "per_cpu_s": rows / cpu if cpu > 0 else 0.0, "rows_per_batch": rows_per_batch}
 
 
 def step_latency(port, n_steps=100):
@@ -224,20 +239,32 @@ def main():
     try:
         tp = {}
         for n in [int(x) for x in args.sessions.split(",")]:
-            pairs = [throughput(port, n, args.seconds, proc.pid) for _ in range(args.reps)]
-            runs = sorted(p[0] for p in pairs)
-            per_cpu = sorted(p[1] for p in pairs)
-            tp[n] = {"median": statistics.median(runs), "min": runs[0], "max": runs[-1],
-                     "per_cpu_s": statistics.median(per_cpu), "per_cpu_s_min": per_cpu[0],
-                     "per_cpu_s_max": per_cpu[-1]}
-            print(f"throughput {n:3d} sessions: {tp[n]['median']:8.1f} tok/s "
-                  f"({runs[0]:.1f}..{runs[-1]:.1f}); {tp[n]['per_cpu_s']:8.1f} tok per server "
-                  f"CPU-s ({per_cpu[0]:.1f}..{per_cpu[-1]:.1f})", file=sys.stderr)
+            reps = [throughput(port, n, args.seconds, proc.pid) for _ in range(args.reps)]
+
+            def stat(key):
+                v = sorted(r[key] for r in reps)
+                return statistics.median(v), v[0], v[-1]
+
+            med, lo, hi = stat("server")
+            cli, cli_lo, cli_hi = stat("client")
+            cpu, cpu_lo, cpu_hi = stat("per_cpu_s")
+            tp[n] = {"median": med, "min": lo, "max": hi, "client_median": cli,
+                     "client_min": cli_lo, "client_max": cli_hi, "per_cpu_s": cpu,
+                     "per_cpu_s_min": cpu_lo, "per_cpu_s_max": cpu_hi,
+                     "rows_per_batch": stat("rows_per_batch")[0]}
+            print(f"throughput {n:3d} sessions: {med:8.1f} tok/s ({lo:.1f}..{hi:.1f}); clients "
+                  f"counted {cli:.1f}; {cpu:8.1f} tok per server CPU-s ({cpu_lo:.1f}..{cpu_hi:.1f})",
+                  file=sys.stderr)
         base = tp[min(tp)]["median"]
+        base_client = tp[min(tp)]["client_median"]
         base_cpu = tp[min(tp)]["per_cpu_s"]
         for n in tp:
             tp[n]["ratio"] = tp[n]["median"] / base
+            tp[n]["ratio_client"] = tp[n]["client_median"] / base_client if base_client else 0.0
             tp[n]["ratio_per_cpu_s"] = tp[n]["per_cpu_s"] / base_cpu if base_cpu else 0.0
+            print(f"ratio {n:3d} sessions / {min(tp)}: {tp[n]['ratio']:.2f}x (clients' count "
+                  f"{tp[n]['ratio_client']:.2f}x, per CPU-s {tp[n]['ratio_per_cpu_s']:.2f}x)",
+                  file=sys.stderr)
         result["throughput"] = tp
         p50, p95 = step_latency(port)
         result["step_ms"] = {"p50": p50, "p95": p95}
