@@ -146,6 +146,8 @@ class BenchCommand : public Command {
     j["model"] = model_;
     j["arch"] = model->info().arch;
     j["threads"] = ctx.n_threads();
+    j["type_k"] = kv_cache_type_name(ctx.type_k());  // llama-bench's names
+    j["type_v"] = kv_cache_type_name(ctx.type_v());
     j["simd_target"] = simd_target();
     j["repetitions"] = reps_;
     j["model_bytes"] = model->info().file_bytes;

@@ -46,7 +46,16 @@ check "generate json" py "import json,sys; d=json.loads(sys.argv[1]); assert len
 
 # bench --json shape (tiny sizes).
 out=$("$TANDEM" bench -m "$TD/models/synth-llama-Q4_K.gguf" -p 16 -n 4 -r 1 -t 1 --json 2>/dev/null)
-check "bench json" py "import json,sys; d=json.loads(sys.argv[1]); assert d['pp']['n']==16 and d['tg']['n']==4 and d['pp']['tok_s']>0, d" "$out"
+check "bench json" py "import json,sys; d=json.loads(sys.argv[1]); assert d['pp']['n']==16 and d['tg']['n']==4 and d['pp']['tok_s']>0 and d['type_k']=='f32', d" "$out"
+
+# An f16 KV cache (llama.cpp's -ctk/-ctv): same shapes, other logits than the f32 cache's.
+out=$("$TANDEM" bench -m "$TD/models/synth-llama-Q4_K.gguf" -p 16 -n 4 -r 1 -t 1 -ctk f16 --cache-type-v f16 --json 2>/dev/null)
+check "bench -ctk f16 json" py "import json,sys; d=json.loads(sys.argv[1]); assert d['type_k']=='f16' and d['type_v']=='f16', d" "$out"
+"$TANDEM" logits -m "$TD/models/synth-llama-Q4_K.gguf" --ids 5,6,7,8,9 --out "$TMP/l32.f32" 2>/dev/null
+"$TANDEM" logits -m "$TD/models/synth-llama-Q4_K.gguf" --ids 5,6,7,8,9 --out "$TMP/l16.f32" -ctk f16 -ctv f16 2>/dev/null
+check "logits -ctk f16 size" [ "$(stat -c %s "$TMP/l16.f32")" == $((5 * 2048 * 4)) ]
+differ() { ! cmp -s "$1" "$2"; }
+check "logits -ctk f16 differ" differ "$TMP/l32.f32" "$TMP/l16.f32"
 
 # Errors: non-zero exit, message on stderr naming the problem, nothing on stdout.
 expect_error() {  # expect_error NAME PATTERN CMD...
@@ -69,6 +78,7 @@ expect_error "bad ids" "not a non-negative token id" "$TANDEM" logits -m "$TD/mo
 expect_error "id out of range" "outside the vocabulary" "$TANDEM" logits -m "$TD/models/synth-llama-Q4_K.gguf" --ids 1,99999 --out "$TMP/x"
 expect_error "vocab-only model" "missing required tensor\|missing tensor" "$TANDEM" generate -m "$TD/tokenizers/ggml-vocab-llama-spm.gguf" -p hi -n 1
 expect_error "unknown flag" "" "$TANDEM" generate --no-such-flag
+expect_error "bad cache type" "expected f32 or f16" "$TANDEM" generate -m "$TD/models/synth-llama-Q4_K.gguf" -p hi -n 1 -ctk q8_0
 for cmd in tokenize logits generate bench; do
   check "$cmd --help" "$TANDEM" "$cmd" --help >/dev/null
 done
