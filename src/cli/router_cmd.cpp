@@ -84,6 +84,15 @@ class RouterCollect {
     sub_->add_option("--cloud-timeout", timeout_s_, "Seconds per cloud request")
         ->capture_default_str();
     sub_->add_flag("--overwrite", overwrite_, "Start the trace afresh instead of resuming");
+    sub_->add_option("--outcome-share", outcome_share_,
+                     "Measure the outcome label on this fraction of the sequences (chosen by "
+                     "id): at every position where the two top-1s differ, greedy continuations "
+                     "both ways (local --cloud-model only; docs/router.md)")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
+    sub_->add_option("--outcome-tokens", outcome_tokens_, "Tokens per outcome continuation")
+        ->check(CLI::Range(2, 256))
+        ->capture_default_str();
   }
   bool parsed() const { return sub_->parsed(); }
 
@@ -103,6 +112,8 @@ class RouterCollect {
                     tok.fingerprint_hex() + ")");
       }
     } else {
+      if (outcome_share_ > 0)
+        throw Error("router collect --outcome-share needs the cloud as --cloud-model FILE");
       net::HttpOptions ho;
       ho.api_key = api_key_;
       http = std::make_unique<net::HttpClient>(net::parse_url(cloud_url_), ho);
@@ -179,6 +190,10 @@ class RouterCollect {
     Context edge_ctx(*edge, cp);
     std::unique_ptr<Context> cloud_ctx;
     if (cloud) cloud_ctx = std::make_unique<Context>(*cloud, cp);
+    std::unique_ptr<OutcomeProbe> probe;
+    if (outcome_share_ > 0)
+      probe = std::make_unique<OutcomeProbe>(*edge, *cloud, max_len, outcome_tokens_, threads_);
+    size_t outcomes = 0;
     // Rows per forward pass: each row's logits are n_vocab floats (1 MiB for Gemma's 262k).
     constexpr int kMaxRows = 128;
 
@@ -277,6 +292,12 @@ class RouterCollect {
           extend_chunk(edge_ctx, chunk, end, first, true, on_edge_row);
         }
       }
+      if (probe && chosen_for_outcome(seq.id)) {
+        for (router::TraceRecord& r : seq.records) {
+          r.outcome = probe->measure(chunk, r.position, r.edge_top1, r.cloud_top1);
+          outcomes += r.edge_top1 != r.cloud_top1;
+        }
+      }
       records += seq.records.size();
       writer.append(seq);
       ++done;
@@ -286,6 +307,7 @@ class RouterCollect {
     }
     std::fprintf(stderr, "\n[collect] wrote %zu positions in %d sequences to %s (%zu in all)\n",
                  records, done, out_.c_str(), writer.n_present());
+    if (probe) std::fprintf(stderr, "[collect] outcomes continued both ways: %zu\n", outcomes);
     return 0;
   }
 
@@ -295,8 +317,20 @@ class RouterCollect {
                                                 data_ = "../shared/data", task_ = "wikitext";
   int shots_ = 5, chunks_ = 24, chunk_offset_ = 0, chunk_tokens_ = 512, first_position_ = 0,
       top_k_ = 8, cloud_top_n_ = 20, threads_ = 0;
-  double timeout_s_ = 120;
+  double timeout_s_ = 120, outcome_share_ = 0;
+  int outcome_tokens_ = 16;
   bool overwrite_ = false;
+
+  // Whether a sequence is in the --outcome-share sample: a fixed hash of its id, so that a
+  // resumed or extended collection picks the same ones.
+  bool chosen_for_outcome(uint64_t id) const {
+    if (outcome_share_ >= 1) return true;
+    uint64_t z = id + 0x9e3779b97f4a7c15ull;  // splitmix64
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * 0x1.0p-53 < outcome_share_;
+  }
 };
 
 class RouterTrain {
@@ -346,13 +380,20 @@ class RouterTrain {
     router::TraceFile trace = router::read_trace(traces_[0]);
     for (size_t i = 1; i < traces_.size(); ++i) {
       router::TraceFile more = router::read_trace(traces_[i]);
-      if (!(more.header == trace.header)) {
+      router::TraceHeader h = more.header;
+      h.version = trace.header.version;  // versions 1 and 2 hold the same features
+      if (!(h == trace.header)) {
         throw Error(traces_[i] + ": its header (model, n_embd, top_k, vocabulary) differs from " +
                     traces_[0] + "'s");
       }
       for (auto& s : more.sequences) trace.sequences.push_back(std::move(s));
     }
     const router::Dataset data = router::make_dataset(trace, label, min_position_);
+    if (label.kind == router::LabelKind::Outcome && data.n() == 0) {
+      throw Error(
+          "--label outcome: no position of the traces has a measured outcome (collect "
+          "them with --outcome-share)");
+    }
     std::fprintf(stderr, "[train] %zu positions from %zu sequences, %d features, label %s\n",
                  data.n(), trace.sequences.size(), data.spec.n_features(),
                  label.describe().c_str());

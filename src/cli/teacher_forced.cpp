@@ -31,6 +31,78 @@ TokenId argmax(std::span<const float> logits) {
   return static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
+int common_subsequence(const std::vector<TokenId>& a, const std::vector<TokenId>& b) {
+  // One row of the dynamic programme at a time: row[j] = LCS(a[0, i), b[0, j)).
+  std::vector<int> row(b.size() + 1, 0), next(b.size() + 1, 0);
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t j = 0; j < b.size(); ++j)
+      next[j + 1] = a[i] == b[j] ? row[j] + 1 : std::max(row[j + 1], next[j]);
+    std::swap(row, next);
+  }
+  return row[b.size()];
+}
+
+OutcomeProbe::OutcomeProbe(const Model& edge, const Model& cloud, int n_ctx, int n_tokens,
+                           int n_threads)
+    : n_tokens_(n_tokens),
+      edge_(edge, {.n_ctx = n_ctx + n_tokens, .n_seq = 2, .n_threads = n_threads}),
+      cloud_(cloud, {.n_ctx = n_ctx + n_tokens, .n_seq = 1, .n_threads = n_threads}) {
+  if (n_tokens < 1) throw Error("the outcome continuation needs at least one token");
+}
+
+void OutcomeProbe::hold(Context& ctx, int slot, const std::vector<TokenId>& chunk, int n) {
+  int& valid = &ctx == &cloud_ ? valid_cloud_ : valid_edge_[slot];
+  valid = std::min(valid, n);
+  ctx.truncate(slot, valid);
+  constexpr int kChunk = 512;  // prefill rows per pass
+  while (valid < n) {
+    std::vector<BatchToken> batch;
+    for (int p = valid; p < std::min(n, valid + kChunk); ++p)
+      batch.push_back({chunk[p], p, slot, false, false});
+    ctx.decode(batch);
+    valid += static_cast<int>(batch.size());
+  }
+}
+
+std::vector<std::vector<TokenId>> OutcomeProbe::continue_greedy(Context& ctx,
+                                                                const std::vector<TokenId>& first,
+                                                                int pos) {
+  std::vector<std::vector<TokenId>> out;
+  for (TokenId t : first) out.push_back({t});
+  for (int k = 1; k < n_tokens_; ++k) {
+    std::vector<BatchToken> batch;
+    for (size_t s = 0; s < out.size(); ++s)
+      batch.push_back({out[s].back(), pos + k - 1, static_cast<int32_t>(s), true, false});
+    ctx.decode(batch);
+    for (size_t s = 0; s < out.size(); ++s)
+      out[s].push_back(argmax(ctx.logits(static_cast<int>(s))));
+  }
+  return out;
+}
+
+float OutcomeProbe::measure(const std::vector<TokenId>& chunk, int i, TokenId edge_top1,
+                            TokenId cloud_top1) {
+  if (edge_top1 == cloud_top1) return 0.0f;
+  if (chunk != held_) {
+    // A new chunk: the slots keep only the prefix it shares with the one before.
+    size_t shared = 0;
+    while (shared < chunk.size() && shared < held_.size() && chunk[shared] == held_[shared])
+      ++shared;
+    const int keep = static_cast<int>(shared);
+    for (int& v : valid_edge_) v = std::min(v, keep);
+    valid_cloud_ = std::min(valid_cloud_, keep);
+    held_ = chunk;
+  }
+  // Slots hold chunk[0, i] (i + 1 tokens); the continuations start at position i + 1.
+  hold(cloud_, 0, chunk, i + 1);
+  hold(edge_, 0, chunk, i + 1);
+  hold(edge_, 1, chunk, i + 1);
+  const std::vector<TokenId> cloud = continue_greedy(cloud_, {cloud_top1}, i + 1)[0];
+  const auto edge = continue_greedy(edge_, {edge_top1, cloud_top1}, i + 1);
+  const int own = common_subsequence(edge[0], cloud), routed = common_subsequence(edge[1], cloud);
+  return static_cast<float>(routed - own) / static_cast<float>(n_tokens_);
+}
+
 std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Tokenizer& tok) {
   const std::string path = data_dir + "/wikitext-2/test.txt";
   std::ifstream in(path, std::ios::binary);

@@ -47,6 +47,35 @@ void run_chunk(Context& ctx, const std::vector<TokenId>& chunk, int first_row, b
                const std::function<void(int, std::span<const float>, std::span<const float>)>& fn,
                int max_rows = 1 << 30);
 
+// Longest common subsequence of two token lists, in tokens.
+int common_subsequence(const std::vector<TokenId>& a, const std::vector<TokenId>& b);
+
+// The outcome of routing one position of a chunk (the outcome label, `router collect
+// --outcome-share`): greedy continuations of n_tokens from chunk[0, i] — the cloud's alone (its
+// own top-1 first), the edge's after the cloud's top-1, the edge's after its own top-1 — and how
+// much closer the second comes to the first than the third does, in tokens of their longest
+// common subsequence over n_tokens: in [-1, 1], 0 where the two top-1s agree. A subsequence, not
+// a prefix, so that a different word that the continuations then step around ("a" for "the")
+// scores near 0 and a different answer near 1.
+class OutcomeProbe {
+ public:
+  OutcomeProbe(const Model& edge, const Model& cloud, int n_ctx, int n_tokens, int n_threads);
+  float measure(const std::vector<TokenId>& chunk, int i, TokenId edge_top1, TokenId cloud_top1);
+
+ private:
+  // Makes slot `slot` of ctx hold exactly chunk[0, n) (what it holds past the part shared with
+  // the chunk is dropped).
+  void hold(Context& ctx, int slot, const std::vector<TokenId>& chunk, int n);
+  // Greedy continuations, one per slot, each starting with its token in `first` at position
+  // `pos`: n_tokens tokens each (the first included).
+  std::vector<std::vector<TokenId>> continue_greedy(Context& ctx, const std::vector<TokenId>& first,
+                                                    int pos);
+  int n_tokens_;
+  Context edge_, cloud_;       // edge: 2 slots (after the edge's / the cloud's token)
+  std::vector<TokenId> held_;  // the chunk the slots hold a prefix of
+  int valid_edge_[2] = {0, 0}, valid_cloud_ = 0;  // chunk tokens each slot holds
+};
+
 // The cloud's view of row i (predicting chunk[i + 1]).
 struct CloudRow {
   float true_logprob = 0;                      // log p_cloud(chunk[i + 1])

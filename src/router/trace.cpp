@@ -21,7 +21,10 @@ constexpr char kMagic[12] = {'T', 'N', 'D', 'M', 'T', 'R', 'A', 'C', 'E', 0, 0, 
 constexpr uint32_t kSeqTag = 0x31514553;  // "SEQ1"
 constexpr uint32_t kMaxName = 4096;
 constexpr uint32_t kMaxEmbd = 1 << 16, kMaxTopK = 256;
-constexpr size_t kRecordScalars = 11;  // position .. flags, 4 bytes each
+// position .. flags, 4 bytes each: version 1 has no outcome.
+size_t record_scalars(uint32_t version) {
+  return version >= 2 ? 12 : 11;
+}
 
 uint64_t fnv1a(const uint8_t* p, size_t n) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -102,8 +105,8 @@ TraceHeader parse_header(Cursor& c) {
   TraceHeader h;
   size_t at = c.offset();
   h.version = c.get<uint32_t>("version");
-  if (h.version != kTraceVersion) {
-    c.fail(at, "version " + std::to_string(h.version) + " (this build reads version " +
+  if (h.version != 1 && h.version != kTraceVersion) {
+    c.fail(at, "version " + std::to_string(h.version) + " (this build reads versions 1 and " +
                    std::to_string(kTraceVersion) + ")");
   }
   at = c.offset();
@@ -132,7 +135,7 @@ TraceHeader parse_header(Cursor& c) {
 }  // namespace
 
 size_t trace_record_bytes(const TraceHeader& h) {
-  return 4 * (kRecordScalars + h.top_k + h.n_embd);
+  return 4 * (record_scalars(h.version) + h.top_k + h.n_embd);
 }
 
 size_t TraceFile::n_records() const {
@@ -143,7 +146,7 @@ size_t TraceFile::n_records() const {
 
 std::vector<uint8_t> encode_trace_header(const TraceHeader& h) {
   std::vector<uint8_t> out(kMagic, kMagic + sizeof kMagic);
-  put(out, kTraceVersion);
+  put(out, h.version);
   put(out, h.n_embd);
   put(out, h.top_k);
   put(out, h.n_vocab);
@@ -178,6 +181,7 @@ std::vector<uint8_t> encode_trace_sequence(const TraceHeader& h, const TraceSequ
     put(out, r.entropy);
     put(out, r.margin);
     put(out, r.kl_cloud_edge);
+    if (h.version >= 2) put(out, r.outcome);
     put(out, r.flags);
     put_floats(out, r.log_top, h.top_k);
     put_floats(out, r.hidden, h.n_embd);
@@ -238,11 +242,13 @@ TraceFile parse_trace(const uint8_t* data, size_t size, const std::string& name,
         r.entropy = f32(7);
         r.margin = f32(8);
         r.kl_cloud_edge = f32(9);
-        r.flags = static_cast<uint32_t>(i32(10));
+        const size_t scalars = record_scalars(tf.header.version);
+        if (tf.header.version >= 2) r.outcome = f32(10);
+        r.flags = static_cast<uint32_t>(i32(scalars - 1));
         r.log_top.resize(K);
-        std::memcpy(r.log_top.data(), p + 4 * kRecordScalars, 4 * K);
+        std::memcpy(r.log_top.data(), p + 4 * scalars, 4 * K);
         r.hidden.resize(D);
-        std::memcpy(r.hidden.data(), p + 4 * (kRecordScalars + K), 4 * D);
+        std::memcpy(r.hidden.data(), p + 4 * (scalars + K), 4 * D);
       }
       const size_t hash_at = c.offset();
       const uint64_t stored = c.get<uint64_t>("the sequence hash");

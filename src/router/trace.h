@@ -1,5 +1,6 @@
 // Router traces: what `tandem router collect` records per position for `tandem router train`.
-// Format version 1, little-endian, documented in docs/router.md:
+// Format version 2 (this build writes it and reads 1 and 2), little-endian, documented in
+// docs/router.md:
 //
 //   file header   "TNDMTRACE\0\0\0" (12 bytes), u32 version, u32 n_embd, u32 top_k,
 //                 u32 n_vocab, u64 vocab fingerprint, u32 flags, u32 name length, name bytes
@@ -10,8 +11,8 @@
 //   record        i32 position, i32 edge top-1, i32 true next token (-1: none), i32 cloud top-1,
 //                 f32 cloud log p(edge top-1), f32 cloud log p(true), f32 edge log p(true),
 //                 f32 entropy, f32 margin, f32 KL(cloud || edge) of the next-token
-//                 distributions, u32 flags, f32 edge log top-k probs[top_k],
-//                 f32 hidden[n_embd]
+//                 distributions, f32 outcome (version 2 only; NaN: not measured), u32 flags,
+//                 f32 edge log top-k probs[top_k], f32 hidden[n_embd]
 //
 // Sequences are whole units: splits for training go by sequence, and a resumed collection
 // appends whole sequences after cutting a half-written tail.
@@ -19,12 +20,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
 namespace tandem::router {
 
-inline constexpr uint32_t kTraceVersion = 1;
+inline constexpr uint32_t kTraceVersion = 2;
 
 struct TraceHeader {
   uint32_t version = kTraceVersion;
@@ -47,6 +49,11 @@ struct TraceRecord {
   float cloud_lp_edge = 0, cloud_lp_true = 0, edge_lp_true = 0;
   float entropy = 0, margin = 0;
   float kl_cloud_edge = 0;  // Σ_x p_cloud(x) (log p_cloud(x) − log p_edge(x)), nats
+  // The outcome of routing this position (collect --outcome-share): how much closer to the
+  // cloud-only continuation the edge's greedy continuation gets when this one token is the
+  // cloud's instead of its own, in [-1, 1] (0 where the two top-1s agree); NaN: not measured
+  // (and always in version 1 files).
+  float outcome = std::numeric_limits<float>::quiet_NaN();
   uint32_t flags = 0;
   std::vector<float> log_top;  // [top_k]
   std::vector<float> hidden;   // [n_embd]

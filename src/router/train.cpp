@@ -135,6 +135,9 @@ std::string LabelSpec::describe() const {
       return "kl";
     case LabelKind::LogKl:
       return "kl:log";
+    case LabelKind::Outcome:
+      std::snprintf(buf, sizeof buf, "outcome:%g", outcome_tau);
+      return buf;
   }
   return "?";
 }
@@ -166,6 +169,11 @@ LabelSpec parse_label(const std::string& spec) {
     l.kind = LabelKind::Kl;
   } else if (name == "kl" && arg == "log") {
     l.kind = LabelKind::LogKl;
+  } else if (name == "outcome") {
+    l.kind = LabelKind::Outcome;
+    if (has_arg) l.outcome_tau = number("TAU");
+    if (!(l.outcome_tau > 0 && l.outcome_tau <= 1))
+      throw std::invalid_argument("--label " + spec + ": TAU must be in (0, 1]");
   } else if (name == "gain" && !has_arg) {
     l.kind = LabelKind::Gain;
   } else if (name == "gain") {
@@ -176,7 +184,8 @@ LabelSpec parse_label(const std::string& spec) {
   } else {
     throw std::invalid_argument(
         "unknown label '" + spec +
-        "' (choices: disagree, fixes, critical[:TAU], gain, gain:Q, kl, kl:log)");
+        "' (choices: disagree, fixes, critical[:TAU], gain, gain:Q, kl, kl:log, "
+        "outcome[:TAU])");
   }
   return l;
 }
@@ -190,6 +199,8 @@ Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_pos
     for (const auto& r : s.records) {
       // Rows without a true token have no gain to score routing by; every label skips them.
       if (r.true_token < 0 || r.position < min_position) continue;
+      // The outcome label learns from the sequences whose outcome was measured only.
+      if (label.kind == LabelKind::Outcome && std::isnan(r.outcome)) continue;
       const size_t at = d.x.size();
       d.x.resize(at + F);
       router_features(d.spec, r.hidden, r.log_top, r.entropy, r.margin, r.position, &d.x[at]);
@@ -216,6 +227,9 @@ Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_pos
           break;
         case LabelKind::LogKl:
           d.y.push_back(std::log(std::max(r.kl_cloud_edge, 0.0f) + 0.01f));
+          break;
+        case LabelKind::Outcome:
+          d.y.push_back(r.outcome >= label.outcome_tau ? 1.0f : 0.0f);
           break;
       }
     }

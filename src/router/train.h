@@ -26,11 +26,15 @@ namespace tandem::router {
 //                  expectation were the cloud the truth, a far less noisy target than one
 //                  sampled token's gain
 //   kl:log         regress log(KL + 0.01): the same ranking target with its long tail folded
-enum class LabelKind { Disagree, Fixes, Critical, Gain, GainTop, Kl, LogKl };
+//   outcome:TAU    classify: routing the position moves the edge's greedy continuation towards
+//                  the cloud-only continuation by at least TAU (default 0.25; the record's
+//                  outcome, `collect --outcome-share`); only records with a measured outcome
+enum class LabelKind { Disagree, Fixes, Critical, Gain, GainTop, Kl, LogKl, Outcome };
 struct LabelSpec {
   LabelKind kind = LabelKind::Gain;
-  double tau = -2.0;  // critical
-  double q = 0.1;     // gain:Q
+  double tau = -2.0;  // critical; outcome's threshold is outcome_tau
+  double outcome_tau = 0.25;
+  double q = 0.1;  // gain:Q
   bool regression() const {
     return kind == LabelKind::Gain || kind == LabelKind::Kl || kind == LabelKind::LogKl;
   }

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -114,6 +115,51 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   r = collect({"--cloud-model", cloud, "--task", "gsm8k", "--overwrite"}, 3, task_trace);
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("only multiple-choice"), std::string::npos) << r.err;
+
+  // The outcome label: every position of the chosen sequences continued both ways (all of them
+  // at share 1), over the same features as the plain collection.
+  const std::string outcome_trace = (dir / "outcome.trace").string();
+  r = collect({"--cloud-model", cloud, "--outcome-share", "1", "--outcome-tokens", "8"}, 4,
+              outcome_trace);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const router::TraceFile outcome_tf = router::read_trace(outcome_trace);
+  ASSERT_EQ(outcome_tf.sequences.size(), 4u);
+  int divergent = 0, moved = 0;
+  for (size_t s = 0; s < 4; ++s) {
+    const auto& recs = outcome_tf.sequences[s].records;
+    ASSERT_EQ(recs.size(), 63u);
+    for (size_t i = 0; i < recs.size(); ++i) {
+      const float o = recs[i].outcome;
+      ASSERT_FALSE(std::isnan(o)) << s << " " << i;
+      EXPECT_GE(o, -1.0f);
+      EXPECT_LE(o, 1.0f);
+      EXPECT_EQ(o * 8, std::round(o * 8)) << "a whole number of tokens of 8";
+      if (recs[i].edge_top1 == recs[i].cloud_top1) {
+        EXPECT_EQ(o, 0.0f);
+      } else {
+        ++divergent;
+        moved += o != 0.0f;
+      }
+      EXPECT_EQ(recs[i].hidden, local.sequences[s].records[i].hidden);
+      EXPECT_EQ(recs[i].cloud_top1, local.sequences[s].records[i].cloud_top1);
+    }
+  }
+  EXPECT_GT(divergent, 0);
+  EXPECT_GT(moved, 0) << "of " << divergent << " positions where the top-1s differ";
+  r = run_tandem(
+      {"router", "train", "--traces", outcome_trace, "--out", (dir / "outcome.gguf").string(),
+       "--label", "outcome:0.125", "--hidden", "8", "--epochs", "3"},
+      dir);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = run_tandem({"router", "train", "--traces", trace, "--out", (dir / "none.gguf").string(),
+                  "--label", "outcome"},
+                 dir);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("no position of the traces has a measured outcome"), std::string::npos)
+      << r.err;
+  r = collect({"--cloud", url, "--outcome-share", "0.5"}, 1, (dir / "x.trace").string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("needs the cloud as --cloud-model"), std::string::npos) << r.err;
 
   // The same chunks through the server's prompt log-probabilities.
   const std::string http_trace = (dir / "http.trace").string();

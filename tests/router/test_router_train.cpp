@@ -60,6 +60,9 @@ TraceFile synthetic_trace(int n_seq, int per_seq, uint64_t seed) {
       r.edge_lp_true = hard ? -6.0f : -2.0f;
       r.cloud_lp_true = hard ? -1.0f : -2.1f;
       r.cloud_lp_edge = hard ? -5.0f : -0.3f;
+      r.kl_cloud_edge = hard ? 2.0f : 0.1f;
+      r.outcome = hard ? 0.5f + 0.1f * nd(rng) : 0.0f;
+      r.flags = static_cast<uint32_t>(i % 3);
       seq.records.push_back(std::move(r));
     }
     tf.sequences.push_back(std::move(seq));
@@ -104,10 +107,35 @@ TEST(RouterTrace, RoundTripsEveryField) {
       EXPECT_EQ(a.cloud_lp_edge, b.cloud_lp_edge);
       EXPECT_EQ(a.cloud_lp_true, b.cloud_lp_true);
       EXPECT_EQ(a.edge_lp_true, b.edge_lp_true);
+      EXPECT_EQ(a.entropy, b.entropy);
+      EXPECT_EQ(a.margin, b.margin);
+      EXPECT_EQ(a.kl_cloud_edge, b.kl_cloud_edge);
+      EXPECT_EQ(a.outcome, b.outcome);
+      EXPECT_EQ(a.flags, b.flags);
       EXPECT_EQ(a.log_top, b.log_top);
       EXPECT_EQ(a.hidden, b.hidden);
     }
   }
+}
+
+// Version 1 files (no outcome field) still read, every outcome NaN; they are written the same
+// way when the header says version 1.
+TEST(RouterTrace, ReadsVersionOneWithoutOutcome) {
+  TraceFile tf = synthetic_trace(2, 4, 5);
+  tf.header.version = 1;
+  const auto bytes = encode(tf);
+  EXPECT_EQ(trace_record_bytes(tf.header) + 4, trace_record_bytes(small_header()));
+  const TraceFile back = parse_trace(bytes.data(), bytes.size(), "v1");
+  EXPECT_EQ(back.header.version, 1u);
+  ASSERT_EQ(back.n_records(), 8u);
+  for (size_t s = 0; s < 2; ++s)
+    for (size_t i = 0; i < 4; ++i) {
+      const TraceRecord &a = tf.sequences[s].records[i], &b = back.sequences[s].records[i];
+      EXPECT_TRUE(std::isnan(b.outcome));
+      EXPECT_EQ(a.flags, b.flags);
+      EXPECT_EQ(a.kl_cloud_edge, b.kl_cloud_edge);
+      EXPECT_EQ(a.hidden, b.hidden);
+    }
 }
 
 TEST(RouterTrace, TruncatedFileNamesTheOffset) {
@@ -151,9 +179,9 @@ TEST(RouterTrace, DamagedBytesAreFoundAndNamed) {
   e = error_of([&] { parse_trace(huge.data(), huge.size(), "d.bin"); });
   EXPECT_NE(e.find("offset " + std::to_string(header + 12)), std::string::npos) << e;
   // Another format version and garbage magic.
-  auto v2 = bytes;
-  v2[12] = 2;
-  EXPECT_NE(error_of([&] { parse_trace(v2.data(), v2.size(), "d.bin"); }).find("version 2"),
+  auto v3 = bytes;
+  v3[12] = 3;
+  EXPECT_NE(error_of([&] { parse_trace(v3.data(), v3.size(), "d.bin"); }).find("version 3"),
             std::string::npos);
   auto magic = bytes;
   magic[0] = 'G';
@@ -203,10 +231,26 @@ TEST(RouterLabels, ParseAndMeaning) {
   EXPECT_EQ(parse_label("gain:0.1").kind, LabelKind::GainTop);
   EXPECT_THROW(parse_label("gain:2"), std::invalid_argument);
   EXPECT_THROW(parse_label("critical:x"), std::invalid_argument);
-  EXPECT_THROW(parse_label("outcome"), std::invalid_argument);
+  EXPECT_EQ(parse_label("outcome").kind, LabelKind::Outcome);
+  EXPECT_EQ(parse_label("outcome").outcome_tau, 0.25);
+  EXPECT_EQ(parse_label("outcome:0.5").outcome_tau, 0.5);
+  EXPECT_EQ(parse_label("outcome:0.5").describe(), "outcome:0.5");
+  EXPECT_THROW(parse_label("outcome:0"), std::invalid_argument);
+  EXPECT_THROW(parse_label("outcome:x"), std::invalid_argument);
   EXPECT_EQ(parse_label("fixes").kind, LabelKind::Fixes);
   EXPECT_THROW(parse_label("fixes:1"), std::invalid_argument);
   const TraceFile tf = synthetic_trace(2, 50, 5);
+  // outcome: positives at or above TAU; a sequence whose outcome was not measured is left out.
+  {
+    TraceFile t2 = tf;
+    for (auto& r : t2.sequences[1].records) r.outcome = std::nanf("");
+    const Dataset d = make_dataset(t2, parse_label("outcome:0.4"), 0);
+    ASSERT_EQ(d.n(), 50u);
+    for (size_t i = 0; i < d.n(); ++i) {
+      EXPECT_EQ(d.seq[i], 0u);
+      EXPECT_EQ(d.y[i], tf.sequences[0].records[i].outcome >= 0.4f ? 1.0f : 0.0f);
+    }
+  }
   // fixes: the cloud right where the edge is wrong; the other three cases are negatives.
   {
     TraceFile t4 = tf;
