@@ -72,7 +72,8 @@ for inp in sys.argv[2:]:
         if case.strip("\n") or case:
             (out / f"case{n:04d}.txt").write_text(case, encoding="utf-8"); n += 1
 PY
-# Router trace seeds (format in src/router/trace.h): one and two small sequences.
+# Router trace seeds (format in src/router/trace.h): one and two small sequences, in versions 1
+# and 2 (version 2 records carry the outcome).
 mkdir -p "$SEEDS/fuzz_trace"
 python3 - "$SEEDS/fuzz_trace" <<'PY'
 import struct, sys, pathlib
@@ -82,15 +83,21 @@ def fnv(b):
     for x in b: h = ((h ^ x) * 0x100000001b3) & 0xffffffffffffffff
     return h
 n_embd, top_k = 4, 2
-head = b"TNDMTRACE\0\0\0" + struct.pack("<IIIIQII", 1, n_embd, top_k, 50, 0x1234, 0, 5) + b"synth"
-def seq(sid, n):
+def head(version):
+    return (b"TNDMTRACE\0\0\0" + struct.pack("<IIIIQII", version, n_embd, top_k, 50, 0x1234, 0, 5)
+            + b"synth")
+def seq(sid, n, version):
     b = struct.pack("<IQI", 0x31514553, sid, n)
     for i in range(n):
-        b += struct.pack("<iiiiffffffI", i, 3, 4, 3, -0.5, -1.0, -2.0, 1.5, 0.3, 0.2, 0)
+        b += struct.pack("<iiiiffffff", i, 3, 4, 3, -0.5, -1.0, -2.0, 1.5, 0.3, 0.2)
+        if version >= 2:
+            b += struct.pack("<f", 0.25 * i if i % 3 else float("nan"))
+        b += struct.pack("<I", 0)
         b += struct.pack("<%df" % (top_k + n_embd), *([-0.5, -1.5] + [0.1 * i] * n_embd))
     return b + struct.pack("<Q", fnv(b))
-(out / "one.trace").write_bytes(head + seq(0, 2))
-(out / "two.trace").write_bytes(head + seq(0, 1) + seq(7, 3))
+for v in (1, 2):
+    (out / f"one-v{v}.trace").write_bytes(head(v) + seq(0, 2, v))
+    (out / f"two-v{v}.trace").write_bytes(head(v) + seq(0, 1, v) + seq(7, 3, v))
 PY
 log "seeds: $(ls "$SEEDS/fuzz_gguf" | wc -l) GGUF files, $(ls "$SEEDS/fuzz_tokenizer" | wc -l) texts"
 
