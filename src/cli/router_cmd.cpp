@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/teacher_forced.h"
 #include "common/error.h"
+#include "common/splitmix.h"
 #include "eval/tasks.h"
 #include "net/http_client.h"
 #include "router/router_file.h"
@@ -325,11 +326,8 @@ class RouterCollect {
   // resumed or extended collection picks the same ones.
   bool chosen_for_outcome(uint64_t id) const {
     if (outcome_share_ >= 1) return true;
-    uint64_t z = id + 0x9e3779b97f4a7c15ull;  // splitmix64
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return static_cast<double>(z >> 11) * 0x1.0p-53 < outcome_share_;
+    uint64_t state = id;
+    return unit_interval(splitmix64(state)) < outcome_share_;
   }
 };
 

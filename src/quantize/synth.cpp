@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "common/error.h"
+#include "common/splitmix.h"
 #include "common/thread_pool.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
@@ -15,13 +16,6 @@
 namespace tandem::quant {
 namespace {
 
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // Fills n normal(mean, std) values from a stream seeded by (seed, tensor, row).
 void fill_normal(float* x, int64_t n, float mean, float std, uint64_t seed, uint64_t tensor,
                  uint64_t row) {
@@ -29,7 +23,7 @@ void fill_normal(float* x, int64_t n, float mean, float std, uint64_t seed, uint
   splitmix64(s);
   for (int64_t i = 0; i < n; i += 2) {
     const double u1 = (static_cast<double>(splitmix64(s) >> 11) + 0.5) * 0x1.0p-53;
-    const double u2 = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;
+    const double u2 = unit_interval(splitmix64(s));
     const double r = std::sqrt(-2.0 * std::log(u1));
     x[i] = static_cast<float>(mean + std * r * std::cos(2 * M_PI * u2));
     if (i + 1 < n) x[i + 1] = static_cast<float>(mean + std * r * std::sin(2 * M_PI * u2));

@@ -1,6 +1,7 @@
 // Router policies and the target-rate controller (see include/tandem/router.h).
 #include "tandem/router.h"
 
+#include "common/splitmix.h"
 #include "tandem/router_mlp.h"
 
 #include <algorithm>
@@ -10,14 +11,6 @@
 
 namespace tandem {
 namespace {
-
-// splitmix64: a small reproducible stream for random:RATE[:SEED].
-uint64_t next_random(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 double parse_number(const std::string& text, const std::string& what) {
   try {
@@ -213,7 +206,7 @@ RouteDecision Router::decide(const RouterSignal& signal) {
       return {false, 0.0f};
     case RouterPolicy::Random: {
       // score = 1 - u with u uniform in [0, 1): the cloud when u < rate.
-      const double u = (next_random(rng_state_) >> 11) * 0x1.0p-53;
+      const double u = unit_interval(splitmix64(rng_state_));
       d.score = static_cast<float>(1.0 - u);
       d.cloud = u < config_.random_rate;
       return d;

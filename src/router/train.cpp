@@ -8,21 +8,16 @@
 #include <stdexcept>
 
 #include "common/error.h"
+#include "common/splitmix.h"
 
 namespace tandem::router {
 namespace {
 
-// splitmix64: a seeded stream that gives the same numbers on every platform (the standard
-// library's distributions do not).
+// A seeded stream (common/splitmix.h) that gives the same numbers on every platform.
 struct Rng {
   uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  uint64_t next() { return splitmix64(state); }
+  double uniform() { return unit_interval(next()); }
   double normal() {
     const double u1 = std::max(uniform(), 1e-300), u2 = uniform();
     return std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2);

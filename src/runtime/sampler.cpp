@@ -4,21 +4,12 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/splitmix.h"
 #include "kernels/kernels.h"
 #include "tandem/engine.h"
 
 namespace tandem {
-namespace {
-
-// splitmix64: small, fast, and good enough for drawing tokens reproducibly from a seed.
-uint64_t next_random(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
   if (params.top_p < 0 || params.min_p < 0 || params.repeat_penalty <= 0 ||
@@ -123,7 +114,7 @@ TokenId Sampler::sample(std::span<const float> logits) {
   }
 
   const auto p = probs(params_.temp);
-  const double r = static_cast<double>(next_random(rng_state_) >> 11) * 0x1.0p-53;
+  const double r = unit_interval(splitmix64(rng_state_));
   double cum = 0;
   for (size_t i = 0; i < p.size(); ++i) {
     cum += p[i];

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/splitmix.h"
 #include "model/model_config.h"
 #include "server/metrics.h"
 
@@ -93,10 +94,8 @@ std::optional<std::string> Scheduler::create_session() {
   s.slot = free_session_slots_.back();
   free_session_slots_.pop_back();
   // Ids are unguessable (a salted counter through splitmix) so one device cannot step another's.
-  uint64_t z = id_salt_ + 0x9E3779B97F4A7C15ull * ++next_id_;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  s.id = options_.session_prefix + hex64(z ^ (z >> 31)) + hex64(next_id_ ^ id_salt_);
+  const uint64_t z = splitmix64_mix(id_salt_ + 0x9E3779B97F4A7C15ull * ++next_id_);
+  s.id = options_.session_prefix + hex64(z) + hex64(next_id_ ^ id_salt_);
   slots_to_release_.push_back(s.slot);
   const std::string id = s.id;
   sessions_.emplace(id, std::move(s));
