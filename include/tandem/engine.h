@@ -142,8 +142,8 @@ class Context {
   int n_ctx() const { return n_ctx_; }
   int n_seq() const { return n_seq_; }
   int n_threads() const;
-  KvCacheType type_k() const { return type_k_; }
-  KvCacheType type_v() const { return type_v_; }
+  KvCacheType type_k() const;
+  KvCacheType type_v() const;
   // KV cache bytes one position of one sequence takes (all layers, keys and values).
   size_t kv_bytes_per_position() const;
   const Model& model() const { return model_; }
@@ -155,7 +155,6 @@ class Context {
   const Model& model_;
   int n_ctx_ = 0;
   int n_seq_ = 1;
-  KvCacheType type_k_ = KvCacheType::F32, type_v_ = KvCacheType::F32;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Forward> forward_;

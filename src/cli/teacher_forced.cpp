@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "kernels/kernels.h"
 #include "net/http_client.h"
 #include "tokenizer/tokenizer.h"
 
@@ -28,7 +29,7 @@ float log_prob(std::span<const float> logits, TokenId token) {
 }
 
 TokenId argmax(std::span<const float> logits) {
-  return static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  return static_cast<TokenId>(kernels::argmax(logits.data(), static_cast<int64_t>(logits.size())));
 }
 
 int common_subsequence(const std::vector<TokenId>& a, const std::vector<TokenId>& b) {

@@ -28,6 +28,17 @@
 #include "kernels/quant_dot-inl.h"
 #include "kernels/tile_dot-inl.h"
 
+// 1 where this target converts f32 -> f16 in hardware, rounding to nearest even as the
+// reference does (x86 F16C, AArch64); Highway's emulation elsewhere does not. Redefined per target.
+#ifdef TANDEM_HW_F16
+#undef TANDEM_HW_F16
+#endif
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR)
+#define TANDEM_HW_F16 1
+#else
+#define TANDEM_HW_F16 0
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace tandem::kernels {
 namespace HWY_NAMESPACE {
@@ -571,9 +582,8 @@ bool QuantizeActivationRowT(TensorType act, const float* x, void* dst, int64_t n
   return false;
 #else
   const hn::CappedTag<float, 16> d;
-#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || HWY_ARCH_ARM_A64
-  // f16 (activations of f16 weights, an f16 KV cache's rows) where f32 -> f16 is a hardware
-  // conversion that rounds to nearest even as the reference does (x86 F16C, AArch64).
+#if TANDEM_HW_F16
+  // f16: activations of f16 weights, an f16 KV cache's rows.
   if (act == TensorType::F16) {
     const hn::Rebind<hwy::float16_t, decltype(d)> dh;
     const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -956,7 +966,7 @@ TANDEM_ATTENTION_ROWS(AttentionRowsK16V16T, uint16_t, uint16_t)
 // reference's), only the table lookups are scalar. Only where f32 -> f16 is a hardware
 // conversion (x86 F16C, AArch64): Highway's emulation elsewhere does not round to nearest even.
 void GegluT(const float* gate, const float* up, float* out, int64_t n) {
-#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR)
+#if TANDEM_HW_F16
   const hn::CappedTag<float, 8> df;
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));

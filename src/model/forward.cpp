@@ -161,8 +161,7 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
   const bool swa = c_.layer_is_swa[layer] && c_.sliding_window > 0;
   const int window = c_.sliding_window;
   const int kv_stride = cache.kv_dim(), v_stride = cache.v_dim();
-  const size_t key_size = traits(cache.key_type()).type_size,
-               value_size = traits(cache.value_type()).type_size;
+  const size_t key_size = cache.key_size(), value_size = cache.value_size();
   // A key at position p0 is visible to a query at p1 iff p0 <= p1 and, on sliding-window layers,
   // p1 - p0 < window.
   const auto first_key = [&](int pos) { return swa ? std::max(0, pos - window + 1) : 0; };

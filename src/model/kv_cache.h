@@ -27,6 +27,8 @@ class KvCache {
   int v_dim() const { return v_dim_; }
   TensorType key_type() const { return key_type_; }
   TensorType value_type() const { return value_type_; }
+  size_t key_size() const { return key_size_; }  // bytes per key element
+  size_t value_size() const { return value_size_; }
 
   // Keys of one layer and sequence: [n_ctx][kv_dim] of key_type; values: [n_ctx][v_dim] of
   // value_type.

@@ -131,7 +131,7 @@ std::string LabelSpec::describe() const {
     case LabelKind::LogKl:
       return "kl:log";
     case LabelKind::Outcome:
-      std::snprintf(buf, sizeof buf, "outcome:%g", outcome_tau);
+      std::snprintf(buf, sizeof buf, "outcome:%g", tau);
       return buf;
   }
   return "?";
@@ -166,8 +166,8 @@ LabelSpec parse_label(const std::string& spec) {
     l.kind = LabelKind::LogKl;
   } else if (name == "outcome") {
     l.kind = LabelKind::Outcome;
-    if (has_arg) l.outcome_tau = number("TAU");
-    if (!(l.outcome_tau > 0 && l.outcome_tau <= 1))
+    l.tau = has_arg ? number("TAU") : 0.25;
+    if (!(l.tau > 0 && l.tau <= 1))
       throw std::invalid_argument("--label " + spec + ": TAU must be in (0, 1]");
   } else if (name == "gain" && !has_arg) {
     l.kind = LabelKind::Gain;
@@ -224,7 +224,7 @@ Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_pos
           d.y.push_back(std::log(std::max(r.kl_cloud_edge, 0.0f) + 0.01f));
           break;
         case LabelKind::Outcome:
-          d.y.push_back(r.outcome >= label.outcome_tau ? 1.0f : 0.0f);
+          d.y.push_back(r.outcome >= label.tau ? 1.0f : 0.0f);
           break;
       }
     }

@@ -32,9 +32,8 @@ namespace tandem::router {
 enum class LabelKind { Disagree, Fixes, Critical, Gain, GainTop, Kl, LogKl, Outcome };
 struct LabelSpec {
   LabelKind kind = LabelKind::Gain;
-  double tau = -2.0;  // critical; outcome's threshold is outcome_tau
-  double outcome_tau = 0.25;
-  double q = 0.1;  // gain:Q
+  double tau = -2.0;  // the threshold of critical (default -2) and outcome (default 0.25)
+  double q = 0.1;     // gain:Q
   bool regression() const {
     return kind == LabelKind::Gain || kind == LabelKind::Kl || kind == LabelKind::LogKl;
   }

@@ -22,13 +22,11 @@ Context::Context(const Model& model, const ContextParams& params) : model_(model
   n_seq_ = params.n_seq;
   const int threads = params.n_threads > 0 ? params.n_threads : default_thread_count();
   pool_ = std::make_unique<ThreadPool>(threads);
-  type_k_ = params.type_k;
-  type_v_ = params.type_v;
   const auto tensor_type = [](KvCacheType t) {
     return t == KvCacheType::F16 ? TensorType::F16 : TensorType::F32;
   };
   cache_ = std::make_unique<KvCache>(c.n_layer, n_seq_, n_ctx_, c.kv_dim(), c.v_dim(),
-                                     tensor_type(type_k_), tensor_type(type_v_));
+                                     tensor_type(params.type_k), tensor_type(params.type_v));
   forward_ = std::make_unique<Forward>(c, model.weights(), *pool_);
   out_ = std::make_unique<ForwardOutputs>();
 }
@@ -43,6 +41,14 @@ KvCacheType parse_kv_cache_type(const std::string& name) {
   if (name == "f32") return KvCacheType::F32;
   if (name == "f16") return KvCacheType::F16;
   throw Error("KV cache type '" + name + "': expected f32 or f16");
+}
+
+KvCacheType Context::type_k() const {
+  return cache_->key_type() == TensorType::F16 ? KvCacheType::F16 : KvCacheType::F32;
+}
+
+KvCacheType Context::type_v() const {
+  return cache_->value_type() == TensorType::F16 ? KvCacheType::F16 : KvCacheType::F32;
 }
 
 size_t Context::kv_bytes_per_position() const {

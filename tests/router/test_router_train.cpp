@@ -232,8 +232,8 @@ TEST(RouterLabels, ParseAndMeaning) {
   EXPECT_THROW(parse_label("gain:2"), std::invalid_argument);
   EXPECT_THROW(parse_label("critical:x"), std::invalid_argument);
   EXPECT_EQ(parse_label("outcome").kind, LabelKind::Outcome);
-  EXPECT_EQ(parse_label("outcome").outcome_tau, 0.25);
-  EXPECT_EQ(parse_label("outcome:0.5").outcome_tau, 0.5);
+  EXPECT_EQ(parse_label("outcome").tau, 0.25);
+  EXPECT_EQ(parse_label("outcome:0.5").tau, 0.5);
   EXPECT_EQ(parse_label("outcome:0.5").describe(), "outcome:0.5");
   EXPECT_THROW(parse_label("outcome:0"), std::invalid_argument);
   EXPECT_THROW(parse_label("outcome:x"), std::invalid_argument);
