@@ -1092,8 +1092,9 @@ struct Api::Impl {
     auto job = std::make_shared<StepJob>(sched, metrics, res, std::move(sr), std::move(uncached),
                                          kv_len, pos);
     job->session_id = id;
+    job->history_before = pos - appended;
     if (!sched.submit(job)) {
-      sched.abort_step(id, pos - appended);
+      sched.abort_step(id, job->history_before);
       ++metrics.rejected_overload;
       throw ApiError(429, "overloaded", "the work queue is full; retry later");
     }

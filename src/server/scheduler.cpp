@@ -173,8 +173,10 @@ StepCheck Scheduler::begin_step(const std::string& id, int expected_pos, int rew
 void Scheduler::abort_step(const std::string& id, int length) {
   std::lock_guard lk(mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return;
-  Session& s = it->second;
+  if (it != sessions_.end()) end_unrun_step_locked(it->second, length);
+}
+
+void Scheduler::end_unrun_step_locked(Session& s, int length) {
   if (length >= s.kv_len && length <= static_cast<int>(s.history.size())) s.history.resize(length);
   s.busy = false;
 }
@@ -302,13 +304,15 @@ void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
   const uint64_t cap_tokens = options_.kv_cap_bytes / kv_bytes_per_token_;
   for (auto it = pending_.begin(); it != pending_.end();) {
     std::shared_ptr<Job> job = *it;
+    const auto sit = job->session_id.empty() ? sessions_.end() : sessions_.find(job->session_id);
     if (job->cancelled) {
+      // As for a step cancelled while it runs: the history keeps what the step appended.
+      if (sit != sessions_.end()) end_unrun_step_locked(sit->second, -1);
       it = pending_.erase(it);
       job->on_finish(JobFailure::Cancelled, "cancelled");
       continue;
     }
     if (!job->session_id.empty()) {
-      auto sit = sessions_.find(job->session_id);
       if (sit == sessions_.end()) {  // closed or evicted while queued
         it = pending_.erase(it);
         job->on_finish(JobFailure::Internal, "the session was lost while its step waited");
@@ -320,6 +324,7 @@ void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
       slot_len_[s.slot] = ctx_->seq_length(s.slot);
       const uint64_t need = job->feed.size() + job->reserve_tokens;
       if (need > cap_tokens || !make_room_locked(need, &s)) {
+        end_unrun_step_locked(s, job->history_before);
         it = pending_.erase(it);
         ++metrics_.rejected_overload;
         job->on_finish(JobFailure::NoMemory, "the KV memory cap leaves no room for this step");

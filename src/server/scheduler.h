@@ -55,6 +55,9 @@ class Job {
   std::vector<TokenId> prefix_key;  // stateless: the whole token sequence the job will feed
   size_t max_reuse = SIZE_MAX;      // stateless: at most this many cached tokens may be reused
   int reserve_tokens = 0;           // KV positions the job may add beyond its feed (generation)
+  // Session jobs: the history's length before this step appended to it; a step refused before
+  // it runs (no KV room) gives the history back to it, so that the same request can be retried.
+  int history_before = -1;
 
   // Filled by the scheduler.
   int slot = -1;
@@ -169,6 +172,9 @@ class Scheduler {
   void engine_loop();
   void admit_locked(std::vector<std::shared_ptr<Job>>& admitted);
   bool make_room_locked(uint64_t need_tokens, const Session* keep);
+  // Ends a step of `s` that will not run: the session takes its next step, and its history goes
+  // back to `length` when that is a length it can go back to (-1: keeps what was appended).
+  void end_unrun_step_locked(Session& s, int length);
   void evict_locked(Session& s, const char* reason);
   void forget_locked(const std::string& id, const char* reason);
   void expire_idle_locked();

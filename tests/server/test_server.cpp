@@ -327,6 +327,11 @@ TEST(Server, KvCapEvictsLeastRecentlyUsed) {
   EXPECT_EQ(r.retry_after, "1");
   const HttpResult m = c.get("/metrics");
   EXPECT_NE(m.body.find("tandem_evictions_total 1"), std::string::npos) << m.body;
+  // Usable: the refused step took nothing, so a smaller one from the same position runs (it
+  // used to find the session busy for ever; it evicts the idle session b to fit).
+  r = c.post(step_path(big), {{"expected_pos", 0}, {"append", sixty}, {"generate", {{"n", 1}}}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j()["pos"], 61);
 }
 
 // Results do not depend on what else is in the batch: 32 sessions stepping at once give the
