@@ -108,6 +108,7 @@ struct Scratch {
   std::vector<int16_t> stage_i16;
   std::vector<uint8_t> tile;      // one staged weight tile (tile_dot-inl.h)
   std::vector<int32_t> act_corr;  // per activation block: start of the tile accumulators
+  std::vector<int8_t> act_panel;  // activation bytes repacked for the tiles (td::ActPanel32)
 #endif
 };
 inline Scratch& GetScratch() {
@@ -216,10 +217,12 @@ int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_
   const int64_t nb = k / 32;
   Scratch& scratch = GetScratch();
   float* d = Grow(scratch.act_scales, static_cast<size_t>(2 * n_act * nb));
-  float* s = d + n_act * nb;
-  int32_t* corr = Grow(scratch.act_corr, static_cast<size_t>(n_act * nb));
-  td::PrepareActs32<T>(acts, act_stride, n_act, nb, d, s, corr);
-  const td::Acts32 a{acts, act_stride, d, s, corr};
+  const td::ActPanel32 panel{Grow(scratch.act_panel, static_cast<size_t>(32 * n_act * nb)), d,
+                             d + n_act * nb,
+                             Grow(scratch.act_corr, static_cast<size_t>(n_act * nb))};
+  td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
+    td::PackActGroup32<T, decltype(ra)::value>(acts, act_stride, r, nb, panel);
+  });
   constexpr bool kSign = td::kSignedTile<T>;
   uint8_t* const own = packed.at(row_begin) ? nullptr : Grow(scratch.tile, td::TileBytes<T>(nb));
   // An output far larger than the caches (the LM head's logits, 1 MiB per row) is written with
@@ -238,7 +241,8 @@ int64_t MatmulTiled32(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_
     const td::Tile32 next = fetch ? td::TileIn<T>(packed.at(i0 + kW), nb) : tile;
     td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
       td::TileDot32<kMin, kSign, decltype(sdot)::value, decltype(ra)::value>(
-          tile, a, r, nb, y + i0, y_stride, fetch && r == 0 ? &next : nullptr, stream);
+          tile, panel.group(r, nb), nb, y + r * y_stride + i0, y_stride,
+          fetch && r == 0 ? &next : nullptr, stream);
     });
   });
   if (stream) hwy::FlushStream();
@@ -263,13 +267,20 @@ int64_t MatmulTiledK(int64_t k, const uint8_t* w, size_t w_stride, int64_t row_b
   row.dmin = row.d + nbk;
   uint8_t* const own = packed.at(row_begin) ? nullptr : Grow(scratch.tile, td::TileBytesK(nbk));
   const bool stream = !own && static_cast<size_t>(n_act * y_stride) * sizeof(float) > kStreamBytes;
+  float* d = Grow(scratch.act_scales, static_cast<size_t>(n_act * nbk));
+  int32_t* bsums = Grow(scratch.act_corr, static_cast<size_t>(8 * n_act * nbk));
+  const td::ActPanelK panel{Grow(scratch.act_panel, static_cast<size_t>(QK_K * n_act * nbk)), d,
+                            bsums};
+  td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
+    td::PackActGroupK<decltype(ra)::value>(acts, act_stride, r, nbk, panel);
+  });
   ForEachTile<true>(n_tiles, [&](auto sdot, int64_t t) HWY_ATTR {
     const int64_t i0 = row_begin + t * kW;
     const td::TileK tile = td::TileKIn(own ? own : packed.at(i0), nbk);
     if (own) td::StageTileK<T>(w + i0 * w_stride, w_stride, nbk, row, tile);
     td::ForActGroups(n_act, [&](auto ra, int64_t r) HWY_ATTR {
       td::TileDotK<td::GroupLenK(T), decltype(sdot)::value, decltype(ra)::value>(
-          tile, acts, act_stride, r, nbk, y + i0, y_stride, stream);
+          tile, panel.group(r, nbk), nbk, y + r * y_stride + i0, y_stride, stream);
     });
   });
   if (stream) hwy::FlushStream();
@@ -666,6 +677,29 @@ HWY_INLINE float KvToF32(uint16_t h) {
   return fp16_to_fp32(h);
 }
 
+#if HWY_TARGET <= HWY_AVX3
+// The 16 lane sums of acc[0..15] (512-bit f32 vectors), as one vector: lane 4 q + k holds the sum
+// of acc[4 k + q]. Each sum takes exactly _mm512_reduce_add_ps's tree (Highway's SumOfLanes on
+// this target: lanes i and i + 8, then i and i + 4, i and i + 2, i and i + 1), so the results
+// are bit for bit those of 16 SumOfLanes, at 45 shuffles and adds instead of ~130.
+HWY_INLINE __m512 TransposedSums16(const __m512* acc) {
+  __m512 c[8], e[4];
+  for (int m = 0; m < 8; ++m)  // 256-bit halves: acc[2m] in lanes 0-7, acc[2m + 1] in 8-15
+    c[m] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], 0x44),
+                         _mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], 0xEE));
+  for (int p = 0; p < 4; ++p)  // 128-bit quarters: quarter q holds acc[4p + q]'s four partials
+    e[p] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], 0x88),
+                         _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], 0xDD));
+  // Within each quarter: lanes i and i + 2, then i and i + 1.
+  const __m512 g0 = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 g1 = _mm512_add_ps(_mm512_shuffle_ps(e[2], e[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_ps(e[2], e[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(g0, g1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(g0, g1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
+
 // RQ query rows x RK key rows: the 2x4 tile loads 6 vectors per 8 FMAs, so it runs at FMA
 // throughput instead of load throughput. scores[a * sq + b * sk] = scale * dot(q[a], key b).
 //
@@ -692,6 +726,20 @@ HWY_INLINE void ScoreTile(const float* const* q, int64_t hd, const KT* k, size_t
       for (int a = 0; a < RQ; ++a) acc[a][b] = hn::MulAdd(qv[a], kv, acc[a][b]);
     }
   }
+#if HWY_TARGET <= HWY_AVX3
+  if constexpr (RQ == 4 && RK == 4) {
+    if (d == hd) {  // no tail elements to add after the lane sums
+      __m512 raw[16];
+      for (int a = 0; a < 4; ++a)
+        for (int b = 0; b < 4; ++b) raw[4 * a + b] = acc[a][b].raw;
+      alignas(64) float sums[16];  // [key b][row a]
+      _mm512_store_ps(sums, _mm512_mul_ps(_mm512_set1_ps(scale), TransposedSums16(raw)));
+      for (int a = 0; a < 4; ++a)
+        for (int b = 0; b < 4; ++b) scores[a * sq + b * sk] = sums[4 * b + a];
+      return;
+    }
+  }
+#endif
   for (int a = 0; a < RQ; ++a)
     for (int b = 0; b < RK; ++b) {
       float sum = hn::GetLane(hn::SumOfLanes(df, acc[a][b]));

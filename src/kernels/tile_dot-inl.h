@@ -239,56 +239,64 @@ HWY_INLINE void StageTile32(const uint8_t* w, size_t w_stride, int64_t nb, const
 
 // ---------------------------------------------------------------- activations
 
-// What the kernel needs of the Q8_0 / Q8_1 activation rows besides their bytes, per block.
-struct Acts32 {
-  const uint8_t* rows;  // the activation rows, `stride` bytes apart
-  size_t stride;
-  const float* d;       // [n_act * nb]  block scale
-  const float* s;       // [n_act * nb]  Q8_1's d * sum(a)
-  const int32_t* corr;  // [n_act * nb]  -offset * sum(a), the accumulator's start
+// The activation rows of one group of RA rows (ForActGroups: rows [r0, r0 + RA)), repacked once
+// per call so that the kernel reaches every row's bytes and scales from one pointer each, at
+// constant offsets: with a pointer per row the eight rows of a group ran the x86 general
+// registers out, and the loop spilled and reloaded them every block.
+//     q[((b * 8 + g) * RA + j) * 4 + e] = activation byte (row r0 + j, element 32 b + 4 g + e)
+//     d[b * RA + j], s[b * RA + j], corr[b * RA + j]: that row's block b
+// The groups of a call lie one after the other: group r0 starts at q + 32 * nb * r0 and at
+// d/s/corr + nb * r0.
+struct ActPanel32 {
+  int8_t* q;      // [n_act * nb * 32]
+  float* d;       // [n_act * nb]  block scale
+  float* s;       // [n_act * nb]  Q8_1's d * sum(a)
+  int32_t* corr;  // [n_act * nb]  -offset * sum(a), the accumulator's start
+
+  ActPanel32 group(int64_t r0, int64_t nb) const {
+    return {q + 32 * nb * r0, d + nb * r0, s + nb * r0, corr + nb * r0};
+  }
 };
 
-// Fills d, s and corr for n_act rows of the activation type of weight type T.
-template <TensorType T>
-HWY_INLINE void PrepareActs32(const uint8_t* acts, size_t act_stride, int64_t n_act, int64_t nb,
-                              float* d, float* s, int32_t* corr) {
+// Repacks activation rows [r0, r0 + RA) of the activation type of weight type T into `panel`'s
+// group r0 (see ActPanel32).
+template <TensorType T, int RA>
+HWY_INLINE void PackActGroup32(const uint8_t* acts, size_t act_stride, int64_t r0, int64_t nb,
+                               const ActPanel32& panel) {
   const qd::D8 d8;
   const qd::DU8 du8;
   const qd::D16 d16;
   const qd::D32 d32;
   const auto ones8 = hn::Set(du8, 1);
   const auto ones16 = hn::Set(d16, 1);
-  for (int64_t r = 0; r < n_act; ++r) {
-    const uint8_t* row = acts + r * act_stride;
+  const ActPanel32 p = panel.group(r0, nb);
+  for (int j = 0; j < RA; ++j) {
+    const uint8_t* row = acts + (r0 + j) * act_stride;
     for (int64_t b = 0; b < nb; ++b) {
-      const size_t at = static_cast<size_t>(r * nb + b);
+      const size_t at = static_cast<size_t>(b * RA + j);
+      const int8_t* qs;
       if constexpr (HasMin(T)) {
         const auto* blk = reinterpret_cast<const BlockQ8_1*>(row) + b;
-        d[at] = qd::HalfToFloat(blk->d);
-        s[at] = qd::HalfToFloat(blk->s);
-        corr[at] = 0;
+        p.d[at] = qd::HalfToFloat(blk->d);
+        p.s[at] = qd::HalfToFloat(blk->s);
+        p.corr[at] = 0;
+        qs = blk->qs;
       } else {
         const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
-        d[at] = qd::HalfToFloat(blk->d);
-        corr[at] = 0;
+        p.d[at] = qd::HalfToFloat(blk->d);
+        p.corr[at] = 0;
+        qs = blk->qs;
         if constexpr (TileOffset(T) != 0) {  // Q8_0 staged as |w| and signs has none
           qd::V32 sum = hn::Zero(d32);
-          for (size_t j = 0; j < qd::kPer32; ++j)
-            sum = qd::MulAddPairs(qd::MulPairs(ones8, hn::LoadU(d8, blk->qs + j * qd::kN)), ones16,
-                                  sum);
-          corr[at] = -TileOffset(T) * hn::GetLane(hn::SumOfLanes(d32, sum));
+          for (size_t i = 0; i < qd::kPer32; ++i)
+            sum = qd::MulAddPairs(qd::MulPairs(ones8, hn::LoadU(d8, qs + i * qd::kN)), ones16, sum);
+          p.corr[at] = -TileOffset(T) * hn::GetLane(hn::SumOfLanes(d32, sum));
         }
       }
+      int8_t* dst = p.q + (static_cast<size_t>(b) * kGroups * RA + j) * 4;
+      for (size_t g = 0; g < kGroups; ++g) std::memcpy(dst + g * RA * 4, qs + 4 * g, 4);
     }
   }
-}
-
-// Signed bytes of block b of activation row r.
-template <bool kQ81>
-HWY_INLINE const int8_t* ActBytes(const Acts32& a, int64_t r, int64_t b) {
-  const uint8_t* row = a.rows + r * a.stride;
-  if constexpr (kQ81) return reinterpret_cast<const BlockQ8_1*>(row)[b].qs;
-  return reinterpret_cast<const BlockQ8_0*>(row)[b].qs;
 }
 
 // ---------------------------------------------------------------- kernel
@@ -303,15 +311,16 @@ HWY_INLINE void StoreOut(VFT v, float* out, bool stream) {
   }
 }
 
-// One staged tile against RA activation rows from row r0: y0[(r0 + j) * y_stride + i] for the
-// tile's rows i < kTileW. Its per-row f32 order (block after block, one FMA each, plus the min
-// term) is the engine's reference order: qd::DotRow32 reproduces it bit for bit for decode
-// (batch invariance), and so does TileDotK's for the K-quants (qd::DotRowK).
+// One staged tile against the RA activation rows of panel group `acts` (ActPanel32::group):
+// y0[j * y_stride + i] for the tile's rows i < kTileW. Its per-row f32 order (block after block,
+// one FMA each, plus the min term) is the engine's reference order: qd::DotRow32 reproduces it
+// bit for bit for decode (batch invariance), and so does TileDotK's for the K-quants
+// (qd::DotRowK).
 //
 // next: a tile to fetch into the cache meanwhile (its bytes and scales, a line per step), or null.
 // stream: see StoreOut.
 template <bool kMin, bool kSign, bool kSdot, int RA>
-HWY_INLINE void TileDot32(const Tile32& tile, const Acts32& acts, int64_t r0, int64_t nb, float* y0,
+HWY_INLINE void TileDot32(const Tile32& tile, const ActPanel32& acts, int64_t nb, float* y0,
                           int64_t y_stride, const Tile32* next, bool stream) {
   const DI di;
   const DFT df;
@@ -319,39 +328,37 @@ HWY_INLINE void TileDot32(const Tile32& tile, const Acts32& acts, int64_t r0, in
   for (int j = 0; j < RA; ++j) facc[j] = hn::Zero(df);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* ub = tile.u + static_cast<size_t>(b) * kGroups * kTileW * 4;
-    const int8_t* a[RA];
+    const int8_t* ab = acts.q + static_cast<size_t>(b) * kGroups * RA * 4;
+    const size_t as = static_cast<size_t>(b) * RA;
     VI isum[RA];
-    for (int j = 0; j < RA; ++j) {
-      a[j] = ActBytes<kMin>(acts, r0 + j, b);
-      isum[j] = hn::Set(di, acts.corr[(r0 + j) * nb + b]);
-    }
+    for (int j = 0; j < RA; ++j) isum[j] = hn::Set(di, acts.corr[as + j]);
     if (next != nullptr) PrefetchL2(next->d + static_cast<size_t>(b) * kTileW);
     for (size_t g = 0; g < kGroups; ++g) {
       const size_t off = g * kTileW * 4;
       if (next != nullptr) PrefetchL2(next->u + (ub - tile.u) + off);
       const VB uv = hn::BitCast(DB(), hn::LoadU(DUB(), ub + off));
+      const int8_t* ag = ab + g * RA * 4;
       if constexpr (kSign) {
 #if HWY_TARGET != HWY_AVX3_DL
         const VB sv = hn::LoadU(DB(), tile.sg + (ub - tile.u) + off);
-        for (int j = 0; j < RA; ++j) isum[j] = Dot4Sign(isum[j], a[j] + 4 * g, uv, sv);
+        for (int j = 0; j < RA; ++j) isum[j] = Dot4Sign(isum[j], ag + 4 * j, uv, sv);
 #endif
       } else if constexpr (kSdot) {
-        for (int j = 0; j < RA; ++j) isum[j] = Dot4Sdot(isum[j], a[j] + 4 * g, uv);
+        for (int j = 0; j < RA; ++j) isum[j] = Dot4Sdot(isum[j], ag + 4 * j, uv);
       } else {
-        for (int j = 0; j < RA; ++j) isum[j] = Dot4(isum[j], a[j] + 4 * g, uv);
+        for (int j = 0; j < RA; ++j) isum[j] = Dot4(isum[j], ag + 4 * j, uv);
       }
     }
     const size_t at = static_cast<size_t>(b) * kTileW;
     const VFT dw = hn::LoadU(df, tile.d + at);
     for (int j = 0; j < RA; ++j) {
-      const size_t ab = static_cast<size_t>((r0 + j) * nb + b);
       facc[j] =
-          hn::MulAdd(hn::ConvertTo(df, isum[j]), hn::Mul(dw, hn::Set(df, acts.d[ab])), facc[j]);
+          hn::MulAdd(hn::ConvertTo(df, isum[j]), hn::Mul(dw, hn::Set(df, acts.d[as + j])), facc[j]);
       if constexpr (kMin)
-        facc[j] = hn::MulAdd(hn::LoadU(df, tile.m + at), hn::Set(df, acts.s[ab]), facc[j]);
+        facc[j] = hn::MulAdd(hn::LoadU(df, tile.m + at), hn::Set(df, acts.s[as + j]), facc[j]);
     }
   }
-  for (int j = 0; j < RA; ++j) StoreOut(facc[j], y0 + (r0 + j) * y_stride, stream);
+  for (int j = 0; j < RA; ++j) StoreOut(facc[j], y0 + j * y_stride, stream);
 }
 
 // ---------------------------------------------------------------- K-quants
@@ -429,32 +436,63 @@ HWY_INLINE VI PairDot(VI acc, VI a, VI b) {
 #endif
 }
 
-// One staged K tile against RA Q8_K activation rows from row r0 (see TileDot32).
+// The Q8_K activation rows of one group of RA rows, repacked as ActPanel32's are:
+//     q[((b * 64 + e / 4) * RA + j) * 4 + e % 4] = byte e of row r0 + j's super-block b
+//     d[b * RA + j]: its scale; bsums[(b * 8 + p) * RA + j]: its bsums 2p and 2p + 1 as the two
+//     int16 halves of one int32 (TileDotK's pair multiply against the mins)
+// Group r0 starts at q + QK_K * nbk * r0 and at d + nbk * r0, bsums + 8 * nbk * r0.
+struct ActPanelK {
+  int8_t* q;       // [n_act * nbk * QK_K]
+  float* d;        // [n_act * nbk]
+  int32_t* bsums;  // [n_act * nbk * 8]
+
+  ActPanelK group(int64_t r0, int64_t nbk) const {
+    return {q + QK_K * nbk * r0, d + nbk * r0, bsums + 8 * nbk * r0};
+  }
+};
+
+// Repacks Q8_K activation rows [r0, r0 + RA) into `panel`'s group r0.
+template <int RA>
+HWY_INLINE void PackActGroupK(const uint8_t* acts, size_t act_stride, int64_t r0, int64_t nbk,
+                              const ActPanelK& panel) {
+  const ActPanelK p = panel.group(r0, nbk);
+  for (int j = 0; j < RA; ++j) {
+    const auto* blocks = reinterpret_cast<const BlockQ8_K*>(acts + (r0 + j) * act_stride);
+    for (int64_t b = 0; b < nbk; ++b) {
+      const BlockQ8_K& blk = blocks[b];
+      int8_t* dst = p.q + (static_cast<size_t>(b) * 64 * RA + j) * 4;
+      for (size_t g = 0; g < 64; ++g) std::memcpy(dst + g * RA * 4, blk.qs + 4 * g, 4);
+      p.d[b * RA + j] = blk.d;
+      for (int q = 0; q < 8; ++q) std::memcpy(p.bsums + (b * 8 + q) * RA + j, blk.bsums + 2 * q, 4);
+    }
+  }
+}
+
+// One staged K tile against the RA activation rows of panel group `acts` (ActPanelK::group),
+// as TileDot32.
 template <int kGroup, bool kSdot, int RA>
-HWY_INLINE void TileDotK(const TileK& tile, const uint8_t* acts, size_t act_stride, int64_t r0,
-                         int64_t nbk, float* y0, int64_t y_stride, bool stream) {
+HWY_INLINE void TileDotK(const TileK& tile, const ActPanelK& acts, int64_t nbk, float* y0,
+                         int64_t y_stride, bool stream) {
   const DI di;
   const DFT df;
   VFT facc[RA];
   for (int j = 0; j < RA; ++j) facc[j] = hn::Zero(df);
   for (int64_t b = 0; b < nbk; ++b) {
-    const BlockQ8_K* ab[RA];
+    const int8_t* ab = acts.q + static_cast<size_t>(b) * 64 * RA * 4;
     VI iacc[RA];
-    for (int j = 0; j < RA; ++j) {
-      ab[j] = reinterpret_cast<const BlockQ8_K*>(acts + (r0 + j) * act_stride) + b;
-      iacc[j] = hn::Zero(di);
-    }
+    for (int j = 0; j < RA; ++j) iacc[j] = hn::Zero(di);
     const uint8_t* ub = tile.u + static_cast<size_t>(b) * 64 * kTileW * 4;
     for (int e0 = 0; e0 < QK_K; e0 += kGroup) {
       VI isum[RA];
       for (int j = 0; j < RA; ++j) isum[j] = hn::Zero(di);
       for (int e = e0; e < e0 + kGroup; e += 4) {
         const VB uv = hn::BitCast(DB(), hn::LoadU(DUB(), ub + e * kTileW));
+        const int8_t* ag = ab + e * RA;
         for (int j = 0; j < RA; ++j) {
           if constexpr (kSdot) {
-            isum[j] = Dot4Sdot(isum[j], ab[j]->qs + e, uv);
+            isum[j] = Dot4Sdot(isum[j], ag + 4 * j, uv);
           } else {
-            isum[j] = Dot4(isum[j], ab[j]->qs + e, uv);
+            isum[j] = Dot4(isum[j], ag + 4 * j, uv);
           }
         }
       }
@@ -463,23 +501,20 @@ HWY_INLINE void TileDotK(const TileK& tile, const uint8_t* acts, size_t act_stri
     }
     VI imin[RA];
     for (int j = 0; j < RA; ++j) imin[j] = hn::Zero(di);
+    const int32_t* bs = acts.bsums + static_cast<size_t>(b) * 8 * RA;
     for (int p = 0; p < 8; ++p) {
       const VI mv = hn::LoadU(di, tile.mn + (static_cast<size_t>(b) * 8 + p) * kTileW);
-      for (int j = 0; j < RA; ++j) {
-        int32_t bs;
-        std::memcpy(&bs, ab[j]->bsums + 2 * p, 4);
-        imin[j] = PairDot(imin[j], mv, hn::Set(di, bs));
-      }
+      for (int j = 0; j < RA; ++j) imin[j] = PairDot(imin[j], mv, hn::Set(di, bs[p * RA + j]));
     }
     const VFT dw = hn::LoadU(df, tile.d + static_cast<size_t>(b) * kTileW);
     const VFT dm = hn::LoadU(df, tile.dmin + static_cast<size_t>(b) * kTileW);
+    const float* da = acts.d + static_cast<size_t>(b) * RA;
     for (int j = 0; j < RA; ++j) {
-      facc[j] = hn::MulAdd(hn::ConvertTo(df, iacc[j]), hn::Mul(dw, hn::Set(df, ab[j]->d)), facc[j]);
-      facc[j] =
-          hn::MulAdd(hn::ConvertTo(df, imin[j]), hn::Mul(dm, hn::Set(df, -ab[j]->d)), facc[j]);
+      facc[j] = hn::MulAdd(hn::ConvertTo(df, iacc[j]), hn::Mul(dw, hn::Set(df, da[j])), facc[j]);
+      facc[j] = hn::MulAdd(hn::ConvertTo(df, imin[j]), hn::Mul(dm, hn::Set(df, -da[j])), facc[j]);
     }
   }
-  for (int j = 0; j < RA; ++j) StoreOut(facc[j], y0 + (r0 + j) * y_stride, stream);
+  for (int j = 0; j < RA; ++j) StoreOut(facc[j], y0 + j * y_stride, stream);
 }
 
 // ---------------------------------------------------------------- activation groups
