@@ -721,7 +721,9 @@ HWY_INLINE void ScoreTile(const float* const* q, int64_t hd, const KT* k, size_t
     hn::Vec<decltype(df)> qv[RQ];
     for (int a = 0; a < RQ; ++a) qv[a] = hn::LoadU(df, q[a] + d);
     for (int b = 0; b < RK; ++b) {
-      if (fetch != nullptr) td::PrefetchL2(fetch + b * key_stride + d);
+      // One prefetch per 64-byte line (f16 rows: every other step).
+      if (fetch != nullptr && (d * sizeof(KT)) % 64 == 0)
+        td::PrefetchL2(fetch + b * key_stride + d);
       const auto kv = LoadKv(df, k + b * key_stride + d);
       for (int a = 0; a < RQ; ++a) acc[a][b] = hn::MulAdd(qv[a], kv, acc[a][b]);
     }
@@ -873,7 +875,10 @@ HWY_INLINE void ValueLanes(DF df, const float* st, int64_t g0, const VT* v, size
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t jf = j - j0 + j1;
     if (jf < fetch_end) {
-      for (int c = 0; c < kCols; ++c) td::PrefetchL2(v + jf * value_stride + d + c * L);
+      for (int c = 0; c < kCols; ++c) {
+        // One prefetch per 64-byte line (f16 rows: the two columns share one).
+        if (((d + c * L) * sizeof(VT)) % 64 == 0) td::PrefetchL2(v + jf * value_stride + d + c * L);
+      }
     }
     hn::Vec<DF> vv[kCols];
     for (int c = 0; c < kCols; ++c) vv[c] = LoadKv(df, v + j * value_stride + d + c * L);

@@ -33,20 +33,24 @@ void Forward::ensure_scratch(int n) {
   row_.resize(c_.n_embd);
 }
 
-void Forward::matmul(const WeightView& w, const float* x, int n, float* y) {
+void Forward::matmul(const WeightView& w, const float* x, int n, float* y, bool same_input) {
   const TensorType act_type = kernels::activation_type(w.type);
   const size_t act_stride = row_bytes(act_type, w.ne0);
   uint8_t* act = act_.data();
-  if (n >= 4) {
-    pool_.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+  const bool have = same_input && act_rows_.x == x && act_rows_.n == n && act_rows_.k == w.ne0 &&
+                    act_rows_.type == act_type;
+  if (!have) {
+    const auto quantize_rows = [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         kernels::quantize_activation_row(act_type, x + r * w.ne0, act + r * act_stride, w.ne0);
       }
-    });
-  } else {
-    for (int r = 0; r < n; ++r) {
-      kernels::quantize_activation_row(act_type, x + r * w.ne0, act + r * act_stride, w.ne0);
+    };
+    if (n >= 4) {
+      pool_.parallel_for(n, 1, quantize_rows);
+    } else {
+      quantize_rows(0, n);
     }
+    act_rows_ = {x, n, w.ne0, act_type};
   }
   // Split the weight rows across threads; each thread streams its rows once for all n
   // activation rows. Chunks are whole multiples of 16 rows, the widest weight-row tile of the
@@ -217,6 +221,7 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
   const int n = static_cast<int>(batch.size());
   if (n == 0) return;
   ensure_scratch(n);
+  act_rows_ = {};
   const int D = c_.n_embd;
   const size_t Dz = static_cast<size_t>(D);
 
@@ -236,8 +241,8 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
     // --- attention block ---
     norm_rows(L.attn_norm, x_.data(), cur_.data(), n, D);
     matmul(L.wq, cur_.data(), n, q_.data());
-    matmul(L.wk, cur_.data(), n, k_.data());
-    matmul(L.wv, cur_.data(), n, v_.data());
+    matmul(L.wk, cur_.data(), n, k_.data(), /*same_input=*/true);
+    matmul(L.wv, cur_.data(), n, v_.data(), /*same_input=*/true);
     add_bias(L.bq, q_.data(), n, c_.q_dim());
     add_bias(L.bk, k_.data(), n, c_.kv_dim());
     add_bias(L.bv, v_.data(), n, c_.v_dim());
@@ -268,7 +273,7 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
     // --- feed-forward block ---
     norm_rows(L.ffn_norm, x_.data(), cur_.data(), n, D);
     matmul(L.ffn_gate, cur_.data(), n, gate_.data());
-    matmul(L.ffn_up, cur_.data(), n, up_.data());
+    matmul(L.ffn_up, cur_.data(), n, up_.data(), /*same_input=*/true);
     // One call per token row: the gates' vector/tail split then falls on the same elements of a
     // row wherever the row sits in the batch (swiglu's tail is not bit-identical to its vectors).
     for_rows(n, [&](int64_t b, int64_t e) {

@@ -46,7 +46,9 @@ class Forward {
  private:
   void ensure_scratch(int n);
   // y[n][w.ne1] = x[n][w.ne0] · wᵀ, with the activation rounding llama.cpp applies.
-  void matmul(const WeightView& w, const float* x, int n, float* y);
+  // same_input: x is the input of the previous matmul, unchanged since (k and v after q, up after
+  // gate); its quantized rows are taken from act_ where that call left them in this layout.
+  void matmul(const WeightView& w, const float* x, int n, float* y, bool same_input = false);
   // out[r] = rms_norm(x[r]) * w for rows of `len` floats (in place when out == x).
   // Row-wise work of a batch: fn(begin, end) over [0, rows), split across the pool from
   // kParallelRows rows on (below that a handoff costs more than it saves).
@@ -74,6 +76,13 @@ class Forward {
   std::vector<float> gate_;   // [n][n_ff]
   std::vector<float> up_;     // [n][n_ff]
   std::vector<uint8_t> act_;  // quantized activations, [n][row bytes]
+  struct ActRows {            // what act_ holds: x's n rows of k floats as `type`
+    const float* x = nullptr;
+    int n = 0;
+    int64_t k = 0;
+    TensorType type = TensorType::F32;
+  };
+  ActRows act_rows_;
   struct TokenRun {
     int begin, length;
   };
