@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/error.h"
 #include "gguf/gguf.h"
@@ -556,14 +557,19 @@ class CompletionJob : public Job {
       finish_ = "length";
       return;
     }
-    const TokenId t = sampler_.sample(logits);
+    // Greedy with log-probabilities: argmax and log Z from one read of the row (logit_stats).
+    const bool want_log_z = req_.want_logprobs || req_.top_n > 0;
+    std::optional<kernels::LogitStats> stats;
+    if (want_log_z && sampler_.greedy())
+      stats = kernels::logit_stats(logits.data(), static_cast<int64_t>(logits.size()));
+    const TokenId t = stats ? static_cast<TokenId>(stats->argmax) : sampler_.sample(logits);
     if (tok_.is_eog(t)) {
       finish_ = "stop";
       eog_ = true;
       return;
     }
     sampler_.accept(t);
-    const double log_z = req_.want_logprobs || req_.top_n > 0 ? log_normalizer(logits) : 0;
+    const double log_z = !want_log_z ? 0 : stats ? stats->log_z : log_normalizer(logits);
     generated_.push_back(t);
     gen_lp_.push_back(req_.want_logprobs ? static_cast<float>(logits[t] - log_z) : 0.f);
     gen_top_.push_back(top_n(logits, req_.top_n, log_z));

@@ -78,9 +78,13 @@ class Compat(unittest.TestCase):
         self.assertEqual(r.usage.completion_tokens, 12)
         self.assertEqual(len(choice.logprobs.tokens), 12)
         self.assertEqual("".join(choice.logprobs.tokens), choice.text)
-        for lp, top in zip(choice.logprobs.token_logprobs, choice.logprobs.top_logprobs):
+        for tok, lp, top in zip(choice.logprobs.tokens, choice.logprobs.token_logprobs,
+                                choice.logprobs.top_logprobs):
             self.assertLessEqual(lp, 0)
             self.assertEqual(len(top), 2)
+            # Greedy: the chosen token is the most likely one, with the same log-probability.
+            self.assertEqual(max(top, key=top.get), tok)
+            self.assertAlmostEqual(top[tok], lp, places=5)
         pieces = []
         finish = None
         for chunk in self.client.completions.create(model="m", prompt="The capital of France is",
