@@ -33,6 +33,10 @@ enum class RouterPolicy { Confidence, Entropy, Margin, Random, Always, Never, Ml
 
 class MlpRouterModel;  // a trained router (tandem/router_mlp.h)
 
+// RouterConfig::rate_gain's default (docs/router.md: the realised share's window against the
+// routed tokens' value).
+inline constexpr double kDefaultRateGain = 0.2;
+
 struct RouterConfig {
   RouterPolicy policy = RouterPolicy::Confidence;
   // Route to the cloud when score > threshold (threshold policies).
@@ -44,6 +48,10 @@ struct RouterConfig {
   uint64_t random_seed = 0x5eed;
   // Scores the target-rate controller keeps to estimate their distribution.
   int window = 256;
+  // How hard the target-rate controller corrects the share it has realised: the quantile level
+  // moves by this much per token of accumulated error (cloud tokens - rate * tokens). Higher holds
+  // every window of 256 tokens closer to the rate, lower routes more strictly by score.
+  double rate_gain = kDefaultRateGain;
   // Mlp: the trained model that scores each signal (its signals must carry the hidden state).
   std::shared_ptr<const MlpRouterModel> mlp;
   // Scores to start the target-rate controller's window with (e.g. a trained router's
@@ -69,7 +77,7 @@ struct RouteDecision {
 // R in the long run).
 class TargetRateController {
  public:
-  TargetRateController(double target_rate, int window);
+  TargetRateController(double target_rate, int window, double gain = kDefaultRateGain);
   // Threshold for the next decision (scores above it go to the cloud).
   double threshold() const;
   void observe_score(double score);
@@ -84,6 +92,7 @@ class TargetRateController {
   double level() const;
   double target_;
   size_t window_;
+  double gain_;
   std::deque<double> scores_;
   std::vector<double> sorted_;  // scratch
   double integral_ = 0;         // accumulated (cloud indicator - target), per token

@@ -36,6 +36,12 @@ void EdgeFlags::add_to(CLI::App& sub) {
                  "Keep the cloud share of tokens near R (0..1) instead of a threshold")
       ->check(CLI::Range(0.0, 1.0))
       ->excludes(thr);
+  sub.add_option("--target-gain", target_gain,
+                 "With --target-rate: how hard the controller corrects the share it has realised "
+                 "(quantile level per token of error; higher holds each 256-token window closer "
+                 "to R, lower routes more strictly by score)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   sub.add_option("--route-span", options.route_span, "Cloud tokens per route event")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -101,6 +107,7 @@ void EdgeFlags::resolve() {
   }
   if (threshold) options.router.threshold = *threshold;
   if (target_rate) options.router.target_rate = *target_rate;
+  options.router.rate_gain = target_gain;
   if (options.mode != EdgeMode::Local && cloud.url.empty()) {
     throw Error("--mode " + mode + " needs --cloud URL (a `tandem serve` address)");
   }

@@ -20,6 +20,7 @@ struct EdgeFlags {
   std::string policy = "confidence";
   std::string router_file;
   std::optional<double> threshold, target_rate;
+  double target_gain = kDefaultRateGain;
   long long seed = -1;
   bool no_sync_ahead = false;
   int n_predict = 128;

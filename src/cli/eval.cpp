@@ -174,6 +174,10 @@ class EvalCommand : public Command {
         ->check(CLI::Range(0.0, 1.0));
     sub_->add_option("--policy", policy_, "Route mode's router: confidence | entropy | margin")
         ->capture_default_str();
+    sub_->add_option("--target-gain", target_gain_,
+                     "Route mode: the target-rate controller's gain (as tandem run's)")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
     sub_->add_option("--shots", shots_, "Few-shot examples in the prompt")
         ->check(CLI::Range(0, 32))
         ->capture_default_str();
@@ -211,6 +215,7 @@ class EvalCommand : public Command {
       w.data_dir = data_;
       w.out_dir = out_;
       w.rates = rates_;
+      w.rate_gain = target_gain_;
       w.chunks = chunks_;
       w.chunk_tokens = chunk_tokens_;
       w.chunk_offset = chunk_offset_;
@@ -302,6 +307,7 @@ class EvalCommand : public Command {
     opts.context.n_threads = threads_;
     opts.router = parse_router_policy(policy_);
     if (spec.target_rate) opts.router.target_rate = *spec.target_rate;
+    opts.router.rate_gain = target_gain_;
     if (spec.mode == EdgeMode::Route && !router_file_.empty())
       apply_router_file(router_file_, model, model_, std::nullopt, opts);
     std::unique_ptr<CloudBackend> backend;
@@ -577,6 +583,7 @@ class EvalCommand : public Command {
   int chunks_ = 8, chunk_tokens_ = 512, chunk_offset_ = 0;
   std::string router_file_;
   std::vector<double> rates_;
+  double target_gain_ = kDefaultRateGain;
   CloudOptions cloud_;
   int shots_ = 5, limit_ = 0, draft_ = 4, n_ctx_ = 0, threads_ = 0;
   double timeout_s_ = 10, rtt_ms_ = 0;

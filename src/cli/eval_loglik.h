@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/router.h"
+
 namespace tandem::cli {
 
 struct WikitextEvalOptions {
@@ -14,6 +16,7 @@ struct WikitextEvalOptions {
   std::string cloud_model;  // a local copy of the cloud model instead of a URL
   std::string data_dir, out_dir;
   std::vector<double> rates;
+  double rate_gain = kDefaultRateGain;  // RouterConfig::rate_gain
   int chunks = 8, chunk_tokens = 512, threads = 0;
   int chunk_offset = 0;  // first chunk scored (held-out halves: train on [0, n/2), score the rest)
   std::string router;    // a trained router (GGUF) scored as the "mlp" policy

@@ -23,8 +23,7 @@ double parse_number(const std::string& text, const std::string& what) {
   }
 }
 
-// The integral term's weight: level moves by kGain per token of accumulated share error.
-constexpr double kGain = 0.002;
+// The integral term's bound, in tokens of accumulated share error.
 constexpr double kIntegralLimit = 250;
 
 }  // namespace
@@ -109,16 +108,19 @@ RouterConfig parse_router_policy(const std::string& spec) {
 
 // ---- TargetRateController ----
 
-TargetRateController::TargetRateController(double target_rate, int window)
-    : target_(target_rate), window_(static_cast<size_t>(std::max(window, 1))) {
+TargetRateController::TargetRateController(double target_rate, int window, double gain)
+    : target_(target_rate), window_(static_cast<size_t>(std::max(window, 1))), gain_(gain) {
   if (!(target_rate >= 0 && target_rate <= 1)) {
     throw std::invalid_argument("target rate " + std::to_string(target_rate) +
                                 " is outside [0, 1]");
   }
+  if (!(gain >= 0 && gain <= 1)) {
+    throw std::invalid_argument("target-rate gain " + std::to_string(gain) + " is outside [0, 1]");
+  }
 }
 
 double TargetRateController::level() const {
-  return std::clamp(1.0 - target_ + kGain * integral_, 0.0, 1.0);
+  return std::clamp(1.0 - target_ + gain_ * integral_, 0.0, 1.0);
 }
 
 double TargetRateController::threshold() const {
@@ -163,7 +165,7 @@ double TargetRateController::realised_share() const {
 Router::Router(const RouterConfig& config) : config_(config), rng_state_(config.random_seed) {
   if (config.target_rate && config.policy != RouterPolicy::Always &&
       config.policy != RouterPolicy::Never && config.policy != RouterPolicy::Random) {
-    controller_.emplace(*config.target_rate, config.window);
+    controller_.emplace(*config.target_rate, config.window, config.rate_gain);
     controller_->seed_scores(config.prior_scores);
   }
   if (config.policy == RouterPolicy::Mlp && !config.mlp) {
