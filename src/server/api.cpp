@@ -509,8 +509,7 @@ class CompletionJob : public Job {
  public:
   CompletionJob(const Model& model, Metrics& metrics, std::shared_ptr<Responder> res,
                 CompletionRequest req, int n_ctx)
-      : model_(model),
-        tok_(model.tokenizer()),
+      : tok_(model.tokenizer()),
         metrics_(metrics),
         res_(std::move(res)),
         req_(std::move(req)),
@@ -948,7 +947,6 @@ class CompletionJob : public Job {
     res_->end();
   }
 
-  const Model& model_;
   const Tokenizer& tok_;
   Metrics& metrics_;
   std::shared_ptr<Responder> res_;
