@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__aarch64__)
 #include <asm/hwcap.h>
@@ -272,26 +273,20 @@ HWY_INLINE void PackActGroup32(const uint8_t* acts, size_t act_stride, int64_t r
   const ActPanel32 p = panel.group(r0, nb);
   for (int j = 0; j < RA; ++j) {
     const uint8_t* row = acts + (r0 + j) * act_stride;
+    using Block = std::conditional_t<HasMin(T), BlockQ8_1, BlockQ8_0>;
     for (int64_t b = 0; b < nb; ++b) {
       const size_t at = static_cast<size_t>(b * RA + j);
-      const int8_t* qs;
-      if constexpr (HasMin(T)) {
-        const auto* blk = reinterpret_cast<const BlockQ8_1*>(row) + b;
-        p.d[at] = qd::HalfToFloat(blk->d);
-        p.s[at] = qd::HalfToFloat(blk->s);
-        p.corr[at] = 0;
-        qs = blk->qs;
-      } else {
-        const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
-        p.d[at] = qd::HalfToFloat(blk->d);
-        p.corr[at] = 0;
-        qs = blk->qs;
-        if constexpr (TileOffset(T) != 0) {  // Q8_0 staged as |w| and signs has none
-          qd::V32 sum = hn::Zero(d32);
-          for (size_t i = 0; i < qd::kPer32; ++i)
-            sum = qd::MulAddPairs(qd::MulPairs(ones8, hn::LoadU(d8, qs + i * qd::kN)), ones16, sum);
-          p.corr[at] = -TileOffset(T) * hn::GetLane(hn::SumOfLanes(d32, sum));
-        }
+      const Block& blk = reinterpret_cast<const Block*>(row)[b];
+      const int8_t* qs = blk.qs;
+      p.d[at] = qd::HalfToFloat(blk.d);
+      if constexpr (HasMin(T)) p.s[at] = qd::HalfToFloat(blk.s);
+      p.corr[at] = 0;
+      // Q4_1/Q5_1 are staged without offset, Q8_0 staged as |w| and signs has none.
+      if constexpr (!HasMin(T) && TileOffset(T) != 0) {
+        qd::V32 sum = hn::Zero(d32);
+        for (size_t i = 0; i < qd::kPer32; ++i)
+          sum = qd::MulAddPairs(qd::MulPairs(ones8, hn::LoadU(d8, qs + i * qd::kN)), ones16, sum);
+        p.corr[at] = -TileOffset(T) * hn::GetLane(hn::SumOfLanes(d32, sum));
       }
       int8_t* dst = p.q + (static_cast<size_t>(b) * kGroups * RA + j) * 4;
       for (size_t g = 0; g < kGroups; ++g) std::memcpy(dst + g * RA * 4, qs + 4 * g, 4);

@@ -9,7 +9,6 @@
 #include "tandem/engine.h"
 
 namespace tandem {
-namespace {}  // namespace
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
   if (params.top_p < 0 || params.min_p < 0 || params.repeat_penalty <= 0 ||
