@@ -88,7 +88,8 @@ class RouterCollect {
     sub_->add_option("--outcome-share", outcome_share_,
                      "Measure the outcome label on this fraction of the sequences (chosen by "
                      "id): at every position where the two top-1s differ, greedy continuations "
-                     "both ways (local --cloud-model only; docs/router.md)")
+                     "both ways (the cloud's through --cloud-model, or --cloud's /v1/completions; "
+                     "docs/router.md)")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
     sub_->add_option("--outcome-tokens", outcome_tokens_, "Tokens per outcome continuation")
@@ -113,8 +114,11 @@ class RouterCollect {
                     tok.fingerprint_hex() + ")");
       }
     } else {
-      if (outcome_share_ > 0)
-        throw Error("router collect --outcome-share needs the cloud as --cloud-model FILE");
+      if (outcome_share_ > 0 && api_ == "sglang") {
+        throw Error(
+            "router collect --outcome-share: the cloud's continuations come from --cloud-api "
+            "tandem|openai (/v1/completions) or --cloud-model, not sglang");
+      }
       net::HttpOptions ho;
       ho.api_key = api_key_;
       http = std::make_unique<net::HttpClient>(net::parse_url(cloud_url_), ho);
@@ -192,8 +196,14 @@ class RouterCollect {
     std::unique_ptr<Context> cloud_ctx;
     if (cloud) cloud_ctx = std::make_unique<Context>(*cloud, cp);
     std::unique_ptr<OutcomeProbe> probe;
-    if (outcome_share_ > 0)
+    if (outcome_share_ > 0 && cloud) {
       probe = std::make_unique<OutcomeProbe>(*edge, *cloud, max_len, outcome_tokens_, threads_);
+    } else if (outcome_share_ > 0) {
+      auto remote = [&](const std::vector<TokenId>& prefix, int n) {
+        return cloud_continuation_http(*http, api_, prefix, n, timeout_s_);
+      };
+      probe = std::make_unique<OutcomeProbe>(*edge, remote, max_len, outcome_tokens_, threads_);
+    }
     size_t outcomes = 0;
     // Rows per forward pass: each row's logits are n_vocab floats (1 MiB for Gemma's 262k).
     constexpr int kMaxRows = 128;
@@ -364,6 +374,12 @@ class RouterTrain {
         ->capture_default_str();
     sub_->add_flag("--no-class-weight", no_class_weight_,
                    "Do not weight the rarer class up (classification labels)");
+    sub_->add_flag("--cloud-aware-reference", cloud_aware_,
+                   "Also train, on the same split, a reference MLP for the `gain` label that "
+                   "sees three cloud-side values besides the router's features (KL(cloud || "
+                   "edge), the cloud's log-probability of the edge's top-1, whether the top-1s "
+                   "agree) and print its gap recovered: what routing could reach knowing both "
+                   "distributions but not the true token. Not a router; not written");
     sub_->add_flag("--json", json_, "Print the training summary as JSON on stdout");
   }
   bool parsed() const { return sub_->parsed(); }
@@ -399,6 +415,16 @@ class RouterTrain {
     o_.class_weighting = !no_class_weight_;
     const router::TrainResult r = router::train_router(data, label, o_);
     const router::Metrics& m = r.val;
+    // The cloud-aware reference: the same rows, split and seed (the split depends on the sequence
+    // ids and the seed only), the `gain` label.
+    std::vector<double> aware;
+    if (cloud_aware_) {
+      const router::LabelSpec gain = router::parse_label("gain");
+      const router::Dataset with_cloud = router::make_dataset(trace, gain, min_position_, true);
+      std::fprintf(stderr, "[train] the cloud-aware reference: %d features, label gain\n",
+                   with_cloud.width());
+      aware = router::train_router(with_cloud, gain, o_).val.gap_recovered;
+    }
 
     std::fprintf(stderr,
                  "[train] best epoch %d of %d; validation: %zu positions in %zu sequences, "
@@ -407,22 +433,27 @@ class RouterTrain {
                  m.positive_rate, label.regression() ? ", positives: the top 10% by gain" : "");
     std::fprintf(stderr,
                  "  cloud share | recall | gap recovered | oracle | of the oracle | by the "
-                 "recorded KL | entropy policy\n");
+                 "recorded KL | entropy policy%s\n",
+                 cloud_aware_ ? " | cloud-aware reference" : "");
     json curve = json::array();
     for (size_t i = 0; i < m.shares.size(); ++i) {
       const double of =
           m.oracle_gap_recovered[i] > 0 ? m.gap_recovered[i] / m.oracle_gap_recovered[i] : 0.0;
       std::fprintf(stderr,
-                   "  %10.0f%% | %5.1f%% | %12.1f%% | %5.1f%% | %12.0f%% | %17.1f%% | %13.1f%%\n",
+                   "  %10.0f%% | %5.1f%% | %12.1f%% | %5.1f%% | %12.0f%% | %17.1f%% | %13.1f%%",
                    100 * m.shares[i], 100 * m.recall[i], 100 * m.gap_recovered[i],
                    100 * m.oracle_gap_recovered[i], 100 * of,
                    i < m.kl_gap_recovered.size() ? 100 * m.kl_gap_recovered[i] : NAN,
                    100 * r.val_entropy.gap_recovered[i]);
+      if (i < aware.size()) std::fprintf(stderr, " | %21.1f%%", 100 * aware[i]);
+      std::fputc('\n', stderr);
       curve.push_back({{"share", m.shares[i]},
                        {"recall", m.recall[i]},
                        {"gap_recovered", m.gap_recovered[i]},
                        {"oracle_gap_recovered", m.oracle_gap_recovered[i]},
                        {"entropy_gap_recovered", r.val_entropy.gap_recovered[i]}});
+      if (i < m.kl_gap_recovered.size()) curve.back()["kl_gap_recovered"] = m.kl_gap_recovered[i];
+      if (i < aware.size()) curve.back()["cloud_aware_gap_recovered"] = aware[i];
     }
     json summary = {{"traces", traces_},
                     {"label", label.describe()},
@@ -461,7 +492,7 @@ class RouterTrain {
   std::vector<int> hidden_ = {64};
   int min_position_ = 0;
   router::TrainOptions o_;
-  bool no_class_weight_ = false, json_ = false;
+  bool no_class_weight_ = false, json_ = false, cloud_aware_ = false;
 };
 
 class RouterBench {

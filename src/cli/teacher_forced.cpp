@@ -2,10 +2,12 @@
 #include "cli/teacher_forced.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "common/error.h"
 #include "kernels/kernels.h"
@@ -47,12 +49,21 @@ OutcomeProbe::OutcomeProbe(const Model& edge, const Model& cloud, int n_ctx, int
                            int n_threads)
     : n_tokens_(n_tokens),
       edge_(edge, {.n_ctx = n_ctx + n_tokens, .n_seq = 2, .n_threads = n_threads}),
-      cloud_(cloud, {.n_ctx = n_ctx + n_tokens, .n_seq = 1, .n_threads = n_threads}) {
+      cloud_(std::make_unique<Context>(
+          cloud, ContextParams{.n_ctx = n_ctx + n_tokens, .n_seq = 1, .n_threads = n_threads})) {
+  if (n_tokens < 1) throw Error("the outcome continuation needs at least one token");
+}
+
+OutcomeProbe::OutcomeProbe(const Model& edge, CloudContinuation cloud, int n_ctx, int n_tokens,
+                           int n_threads)
+    : n_tokens_(n_tokens),
+      edge_(edge, {.n_ctx = n_ctx + n_tokens, .n_seq = 2, .n_threads = n_threads}),
+      remote_(std::move(cloud)) {
   if (n_tokens < 1) throw Error("the outcome continuation needs at least one token");
 }
 
 void OutcomeProbe::hold(Context& ctx, int slot, const std::vector<TokenId>& chunk, int n) {
-  int& valid = &ctx == &cloud_ ? valid_cloud_ : valid_edge_[slot];
+  int& valid = &ctx == cloud_.get() ? valid_cloud_ : valid_edge_[slot];
   valid = std::min(valid, n);
   ctx.truncate(slot, valid);
   constexpr int kChunk = 512;  // prefill rows per pass
@@ -95,10 +106,18 @@ float OutcomeProbe::measure(const std::vector<TokenId>& chunk, int i, TokenId ed
     held_ = chunk;
   }
   // Slots hold chunk[0, i] (i + 1 tokens); the continuations start at position i + 1.
-  hold(cloud_, 0, chunk, i + 1);
+  std::vector<TokenId> cloud = {cloud_top1};
+  if (cloud_) {
+    hold(*cloud_, 0, chunk, i + 1);
+    cloud = continue_greedy(*cloud_, {cloud_top1}, i + 1)[0];
+  } else if (n_tokens_ > 1) {
+    std::vector<TokenId> prefix(chunk.begin(), chunk.begin() + i + 1);
+    prefix.push_back(cloud_top1);
+    const std::vector<TokenId> more = remote_(prefix, n_tokens_ - 1);
+    cloud.insert(cloud.end(), more.begin(), more.end());
+  }
   hold(edge_, 0, chunk, i + 1);
   hold(edge_, 1, chunk, i + 1);
-  const std::vector<TokenId> cloud = continue_greedy(cloud_, {cloud_top1}, i + 1)[0];
   const auto edge = continue_greedy(edge_, {edge_top1, cloud_top1}, i + 1);
   const int own = common_subsequence(edge[0], cloud), routed = common_subsequence(edge[1], cloud);
   return static_cast<float>(routed - own) / static_cast<float>(n_tokens_);
@@ -151,6 +170,20 @@ void run_chunk(Context& ctx, const std::vector<TokenId>& chunk, int first_row, b
   }
 }
 
+// POSTs a JSON request; the parsed answer (discarded on a parse error) and its body, for
+// messages. Throws on a status other than 200, quoting the answer.
+static std::pair<json, std::string> post_to_cloud(net::HttpClient& http, const std::string& path,
+                                                  const json& req, double timeout_s) {
+  auto res = http.request("POST", path, req.dump(),
+                          std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  if (res.status != 200) {
+    throw Error("the cloud answered " + std::to_string(res.status) + " to " + path + ": " +
+                res.body.substr(0, 300));
+  }
+  json j = json::parse(res.body, nullptr, false);
+  return {std::move(j), std::move(res.body)};
+}
+
 std::vector<CloudRow> cloud_rows_http(net::HttpClient& http, const std::string& api,
                                       const std::vector<TokenId>& chunk, int first_row, int top_n,
                                       double timeout_s) {
@@ -171,13 +204,7 @@ std::vector<CloudRow> cloud_rows_http(net::HttpClient& http, const std::string& 
     path = "/v1/completions";
     req = {{"prompt", chunk}, {"max_tokens", 0}, {"temperature", 0}, {"prompt_logprobs", top_n}};
   }
-  const auto res = http.request("POST", path, req.dump(),
-                                std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-  if (res.status != 200) {
-    throw Error("the cloud answered " + std::to_string(res.status) + " to " + path + ": " +
-                res.body.substr(0, 300));
-  }
-  const json j = json::parse(res.body, nullptr, false);
+  const auto [j, body] = post_to_cloud(http, path, req, timeout_s);
   std::vector<CloudRow> out;
   for (int i = first_row; i + 1 < static_cast<int>(chunk.size()); ++i) {
     const TokenId want = chunk[i + 1];
@@ -204,6 +231,54 @@ std::vector<CloudRow> cloud_rows_http(net::HttpClient& http, const std::string& 
                     std::to_string(i + 1) + " (prompt_logprobs " + std::to_string(top_n) + ")");
     }
     out.push_back(std::move(row));
+  }
+  return out;
+}
+
+std::vector<TokenId> cloud_continuation_http(net::HttpClient& http, const std::string& api,
+                                             const std::vector<TokenId>& prefix, int n,
+                                             double timeout_s) {
+  if (api == "sglang") {
+    throw Error(
+        "the outcome label's cloud continuations come from --cloud-api tandem|openai "
+        "(/v1/completions) or --cloud-model, not sglang");
+  }
+  const std::string path = "/v1/completions";
+  const json req = {{"prompt", prefix}, {"max_tokens", n},    {"temperature", 0},
+                    {"logprobs", 0},    {"ignore_eos", true}, {"return_tokens_as_token_ids", true}};
+  const auto [j, body] = post_to_cloud(http, path, req, timeout_s);
+  const json* tokens = nullptr;
+  if (j.is_object() && j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
+    const json& c = j["choices"][0];
+    if (c.is_object() && c.contains("logprobs") && c["logprobs"].is_object() &&
+        c["logprobs"].contains("tokens") && c["logprobs"]["tokens"].is_array())
+      tokens = &c["logprobs"]["tokens"];
+  }
+  if (!tokens) {
+    throw Error("the cloud's " + path +
+                " answer has no choices[0].logprobs.tokens: " + body.substr(0, 300));
+  }
+  if (static_cast<int>(tokens->size()) > n) {
+    throw Error("the cloud sent " + std::to_string(tokens->size()) + " tokens for max_tokens " +
+                std::to_string(n));
+  }
+  // "token_id:N" per token; a server that ignores return_tokens_as_token_ids sends the text.
+  constexpr std::string_view kPrefix = "token_id:";
+  std::vector<TokenId> out;
+  for (const json& t : *tokens) {
+    const std::string s = t.is_string() ? t.get<std::string>() : t.dump();
+    TokenId id = -1;
+    if (s.starts_with(kPrefix)) {
+      const char* b = s.data() + kPrefix.size();
+      const auto [end, ec] = std::from_chars(b, s.data() + s.size(), id);
+      if (ec != std::errc() || end != s.data() + s.size()) id = -1;
+    }
+    if (id < 0) {
+      throw Error("the cloud returned the token '" + s.substr(0, 40) +
+                  "' as text, not as 'token_id:N': the outcome label needs a server that "
+                  "honours return_tokens_as_token_ids (tandem serve, vLLM)");
+    }
+    out.push_back(id);
   }
   return out;
 }

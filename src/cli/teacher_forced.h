@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -59,7 +60,14 @@ int common_subsequence(const std::vector<TokenId>& a, const std::vector<TokenId>
 // scores near 0 and a different answer near 1.
 class OutcomeProbe {
  public:
+  // The cloud's greedy continuation of `prefix` (which ends with the cloud's first token) by
+  // `n` tokens, from a cloud this process does not hold (cloud_continuation_http).
+  using CloudContinuation =
+      std::function<std::vector<TokenId>(const std::vector<TokenId>& prefix, int n)>;
+  // The cloud as a local model.
   OutcomeProbe(const Model& edge, const Model& cloud, int n_ctx, int n_tokens, int n_threads);
+  // The cloud elsewhere.
+  OutcomeProbe(const Model& edge, CloudContinuation cloud, int n_ctx, int n_tokens, int n_threads);
   float measure(const std::vector<TokenId>& chunk, int i, TokenId edge_top1, TokenId cloud_top1);
 
  private:
@@ -71,8 +79,10 @@ class OutcomeProbe {
   std::vector<std::vector<TokenId>> continue_greedy(Context& ctx, const std::vector<TokenId>& first,
                                                     int pos);
   int n_tokens_;
-  Context edge_, cloud_;       // edge: 2 slots (after the edge's / the cloud's token)
-  std::vector<TokenId> held_;  // the chunk the slots hold a prefix of
+  Context edge_;                                  // 2 slots: after the edge's / the cloud's token
+  std::unique_ptr<Context> cloud_;                // a local cloud, or
+  CloudContinuation remote_;                      // one elsewhere
+  std::vector<TokenId> held_;                     // the chunk the slots hold a prefix of
   int valid_edge_[2] = {0, 0}, valid_cloud_ = 0;  // chunk tokens each slot holds
 };
 
@@ -87,5 +97,13 @@ struct CloudRow {
 std::vector<CloudRow> cloud_rows_http(net::HttpClient& http, const std::string& api,
                                       const std::vector<TokenId>& chunk, int first_row, int top_n,
                                       double timeout_s);
+
+// The cloud's greedy continuation of `prefix` by n tokens over HTTP, for the outcome label:
+// /v1/completions with the prompt as token ids, temperature 0, ignore_eos, and the tokens
+// returned as ids (vLLM's return_tokens_as_token_ids, which tandem serve honours too). Throws
+// naming what the server did otherwise. api: tandem or openai (SGLang's /generate is refused).
+std::vector<TokenId> cloud_continuation_http(net::HttpClient& http, const std::string& api,
+                                             const std::vector<TokenId>& prefix, int n,
+                                             double timeout_s);
 
 }  // namespace tandem::cli

@@ -85,7 +85,7 @@ void forward(const std::vector<MlpLayer>& layers, std::vector<std::vector<float>
 
 void standardise_rows(const Dataset& d, const MlpRouterModel& m, const std::vector<size_t>& rows,
                       size_t from, int b, std::vector<float>& out) {
-  const int F = d.spec.n_features();
+  const int F = d.width();
   out.resize(static_cast<size_t>(b) * F);
   for (int r = 0; r < b; ++r) {
     const float* x = d.x.data() + rows[from + r] * F;
@@ -185,11 +185,13 @@ LabelSpec parse_label(const std::string& spec) {
   return l;
 }
 
-Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_position) {
+Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_position,
+                     bool cloud_columns) {
   Dataset d;
   d.spec.n_embd = static_cast<int>(trace.header.n_embd);
   d.spec.top_k = static_cast<int>(trace.header.top_k);
-  const int F = d.spec.n_features();
+  d.n_cloud_columns = cloud_columns ? 3 : 0;
+  const int F = d.width();
   for (const auto& s : trace.sequences) {
     for (const auto& r : s.records) {
       // Rows without a true token have no gain to score routing by; every label skips them.
@@ -199,6 +201,12 @@ Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_pos
       const size_t at = d.x.size();
       d.x.resize(at + F);
       router_features(d.spec, r.hidden, r.log_top, r.entropy, r.margin, r.position, &d.x[at]);
+      if (cloud_columns) {
+        float* c = &d.x[at + d.spec.n_features()];
+        c[0] = r.kl_cloud_edge;
+        c[1] = r.cloud_lp_edge;
+        c[2] = r.edge_top1 == r.cloud_top1 ? 1.0f : 0.0f;
+      }
       const float g = r.true_token >= 0 ? r.cloud_lp_true - r.edge_lp_true : 0.0f;
       d.gain.push_back(g);
       d.kl.push_back(r.kl_cloud_edge);
@@ -355,7 +363,7 @@ void calibrate(MlpRouterModel& model, std::vector<float> scores, int n) {
 }
 
 TrainResult train_router(const Dataset& d, const LabelSpec& label, const TrainOptions& o) {
-  const int F = d.spec.n_features();
+  const int F = d.width();
   if (d.n() < 10) throw Error("router training: " + std::to_string(d.n()) + " rows, need >= 10");
   if (o.hidden.empty() || o.hidden.size() > 2)
     throw Error("router training: 1 or 2 hidden layers, not " + std::to_string(o.hidden.size()));

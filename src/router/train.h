@@ -45,16 +45,23 @@ LabelSpec parse_label(const std::string& spec);
 // Positions as rows: raw features, target, and what the metrics need.
 struct Dataset {
   RouterFeatureSpec spec;
-  std::vector<float> x;       // [n][spec.n_features()]
+  // With cloud columns (make_dataset's `cloud_columns`), each row ends in three values only the
+  // cloud knows — KL(cloud || edge), the cloud's log-probability of the edge's top-1, and whether
+  // the two top-1s agree — for a reference model of what a router could reach if it saw both
+  // distributions. Such a model is not a router: the device cannot compute its features.
+  int n_cloud_columns = 0;
+  std::vector<float> x;       // [n][width()]
   std::vector<float> y;       // target (0/1 or the gain)
   std::vector<float> gain;    // cloud_lp_true − edge_lp_true ([n]; 0 without a true token)
   std::vector<float> kl;      // KL(cloud || edge) per row
   std::vector<uint64_t> seq;  // sequence id per row
   size_t n() const { return y.size(); }
+  int width() const { return spec.n_features() + n_cloud_columns; }
 };
 
 // Builds rows from the records at positions >= min_position that have a true token.
-Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_position = 0);
+Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_position = 0,
+                     bool cloud_columns = false);
 
 struct TrainOptions {
   std::vector<int> hidden = {64};  // widths of the hidden layers (1 or 2 of them)

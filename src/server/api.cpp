@@ -456,6 +456,7 @@ struct CompletionRequest {
   bool stream = false;
   bool return_tokens = false;
   bool tokens_as_ids = false;  // vLLM's return_tokens_as_token_ids: logprob tokens as "token_id:N"
+  bool ignore_eos = false;     // vLLM's and llama.cpp's: generate on through end-of-generation
   std::string model_name;
   std::optional<std::string> prompt_text;  // the prompt as the client wrote it, for echo
 };
@@ -562,7 +563,7 @@ class CompletionJob : public Job {
     if (want_log_z && sampler_.greedy())
       stats = kernels::logit_stats(logits.data(), static_cast<int64_t>(logits.size()));
     const TokenId t = stats ? static_cast<TokenId>(stats->argmax) : sampler_.sample(logits);
-    if (tok_.is_eog(t)) {
+    if (tok_.is_eog(t) && !req_.ignore_eos) {
       finish_ = "stop";
       eog_ = true;
       return;
@@ -1211,6 +1212,7 @@ struct Api::Impl {
             static_cast<int>(get_int(sp, "max_new_tokens", 128, 0, options.max_generate));
         r.sampling = get_sampling(sp, 1.0);
         r.stop = get_stop(sp, "stop");
+        r.ignore_eos = get_bool(sp, "ignore_eos", false);
         r.want_logprobs = get_bool(j, "return_logprob", false);
         if (r.want_logprobs) {
           const int64_t start = get_int(j, "logprob_start_len", -1, -1, n_ctx());
@@ -1221,6 +1223,9 @@ struct Api::Impl {
         break;
       }
     }
+    // vLLM and llama.cpp take ignore_eos beside the other sampling fields; SGLang inside
+    // sampling_params (above).
+    if (d != Dialect::SgLang) r.ignore_eos = get_bool(j, "ignore_eos", false);
     if (r.prompt.empty()) throw bad("prompt", "is empty after tokenization");
     if (static_cast<int>(r.prompt.size()) >= n_ctx()) {
       throw ApiError(413, "too_large",

@@ -157,9 +157,28 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("no position of the traces has a measured outcome"), std::string::npos)
       << r.err;
-  r = collect({"--cloud", url, "--outcome-share", "0.5"}, 1, (dir / "x.trace").string());
+  // The outcome label with the cloud's continuations from the server's /v1/completions: the
+  // same outcomes as with the cloud model in this process (the server is batch-invariant).
+  const std::string outcome_http = (dir / "outcome-http.trace").string();
+  r = collect({"--cloud", url, "--outcome-share", "1", "--outcome-tokens", "8"}, 2, outcome_http);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const router::TraceFile outcome_http_tf = router::read_trace(outcome_http);
+  ASSERT_EQ(outcome_http_tf.sequences.size(), 2u);
+  int compared = 0;
+  for (size_t s = 0; s < 2; ++s) {
+    const auto &a = outcome_tf.sequences[s].records, &b = outcome_http_tf.sequences[s].records;
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].cloud_top1 != b[i].cloud_top1) continue;  // a near-tie read from the top-n
+      EXPECT_EQ(a[i].outcome, b[i].outcome) << s << " " << i;
+      compared += a[i].edge_top1 != a[i].cloud_top1;
+    }
+  }
+  EXPECT_GT(compared, 10) << "positions where the top-1s differ, continued over HTTP";
+  r = collect({"--cloud", url, "--cloud-api", "sglang", "--outcome-share", "0.5", "--overwrite"}, 1,
+              (dir / "x.trace").string());
   EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.err.find("needs the cloud as --cloud-model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("not sglang"), std::string::npos) << r.err;
 
   // The same chunks through the server's prompt log-probabilities.
   const std::string http_trace = (dir / "http.trace").string();
@@ -188,12 +207,17 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   // Train, then use the router.
   const std::string model = (dir / "router.gguf").string();
   r = run_tandem({"router", "train", "--traces", trace, "--out", model, "--label", "disagree",
-                  "--hidden", "16", "--epochs", "5", "--json"},
+                  "--hidden", "16", "--epochs", "5", "--json", "--cloud-aware-reference"},
                  dir);
   ASSERT_EQ(r.rc, 0) << r.err;
   const json summary = json::parse(r.out);
   EXPECT_EQ(summary["train_sequences"].get<int>() + summary["val_sequences"].get<int>(), 8);
   EXPECT_NE(r.err.find("ROC-AUC"), std::string::npos);
+  EXPECT_NE(r.err.find("cloud-aware reference"), std::string::npos) << r.err;
+  for (const json& point : summary["val_curve"]) {
+    EXPECT_TRUE(point.contains("cloud_aware_gap_recovered")) << point.dump();
+    EXPECT_TRUE(point.contains("kl_gap_recovered")) << point.dump();
+  }
 
   r = run_tandem({"run",    "-m",    edge,          "--cloud", url,
                   "--mode", "route", "--router",    model,     "--target-rate",

@@ -330,6 +330,32 @@ TEST(RouterTrain, SameSeedSameModel) {
   EXPECT_NE(a.model.layers[0].weight, c.model.layers[0].weight);
 }
 
+// The cloud-aware reference (`router train --cloud-aware-reference`): when the hard positions
+// show only on the cloud's side, the router's features cannot find them and the reference's
+// three cloud columns can, on the same split.
+TEST(RouterTrain, CloudColumnsSeeWhatTheEdgeCannot) {
+  TraceFile tf = synthetic_trace(20, 200, 8);
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> nd(0, 1);
+  for (auto& s : tf.sequences)
+    for (auto& r : s.records)
+      for (float& h : r.hidden) h = nd(rng);  // the edge's view no longer tells the hard rows
+  const LabelSpec gain = parse_label("gain");
+  const Dataset edge_only = make_dataset(tf, gain);
+  const Dataset with_cloud = make_dataset(tf, gain, 0, true);
+  ASSERT_EQ(with_cloud.width(), edge_only.width() + 3);
+  const TraceRecord& r0 = tf.sequences[0].records[0];
+  const float* c = &with_cloud.x[static_cast<size_t>(edge_only.width())];
+  EXPECT_EQ(c[0], r0.kl_cloud_edge);
+  EXPECT_EQ(c[1], r0.cloud_lp_edge);
+  EXPECT_EQ(c[2], r0.edge_top1 == r0.cloud_top1 ? 1.0f : 0.0f);
+  const TrainResult blind = train_router(edge_only, gain, quick_options());
+  const TrainResult aware = train_router(with_cloud, gain, quick_options());
+  EXPECT_EQ(blind.n_val, aware.n_val) << "the same split by sequence";
+  EXPECT_LT(blind.val.roc_auc, 0.7);
+  EXPECT_GT(aware.val.roc_auc, 0.99);
+}
+
 MlpRouterModel trained_model(const TraceFile& tf) {
   const LabelSpec spec = parse_label("gain");
   TrainOptions o = quick_options();

@@ -112,6 +112,33 @@ class Compat(unittest.TestCase):
                                 self.server.url + "/completion"))
         self.assertEqual(ids, llama["tokens"])
 
+    def test_ignore_eos_generates_through_the_end_of_text(self):
+        # A greedy prompt that ends early on the end-of-generation token (searched, so that the
+        # test does not depend on the test model's weights).
+        ended = None
+        for k in range(2, 200):
+            prompt = [self.ids[0], k, (7 * k) % 200 + 3]
+            r = self.client.completions.create(model="m", prompt=prompt, max_tokens=64,
+                                               temperature=0)
+            if r.choices[0].finish_reason == "stop":
+                ended = (prompt, r.usage.completion_tokens)
+                break
+        self.assertIsNotNone(ended, "no greedy continuation met the end of text")
+        prompt, n = ended
+        r = self.client.completions.create(model="m", prompt=prompt, max_tokens=64, temperature=0,
+                                           logprobs=0,
+                                           extra_body={"ignore_eos": True,
+                                                       "return_tokens_as_token_ids": True})
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.completion_tokens, 64)
+        self.assertGreater(64, n)
+        llama = json.loads(curl("-d", json.dumps({"prompt": prompt, "n_predict": 64,
+                                                  "temperature": 0, "ignore_eos": True,
+                                                  "return_tokens": True}),
+                                self.server.url + "/completion"))
+        self.assertEqual([int(t.split(":")[1]) for t in r.choices[0].logprobs.tokens],
+                         llama["tokens"])
+
     def test_stop_and_echo(self):
         full = self.client.completions.create(model="m", prompt="The capital of France is",
                                               max_tokens=12, temperature=0).choices[0].text
