@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/teacher_forced.h"
@@ -92,9 +93,10 @@ class RouterCollect {
                      "docs/router.md)")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
-    sub_->add_option("--outcome-tokens", outcome_tokens_, "Tokens per outcome continuation")
-        ->check(CLI::Range(2, 256))
-        ->capture_default_str();
+    sub_->add_option("--outcome-tokens", outcome_tokens_,
+                     "Tokens per outcome continuation (text: 16; GSM8K: the answer's tokens at "
+                     "most, the eval's 256, each continuation stopping where the eval's would)")
+        ->check(CLI::Range(2, 1024));
   }
   bool parsed() const { return sub_->parsed(); }
 
@@ -131,6 +133,9 @@ class RouterCollect {
       std::vector<TokenId> tokens;
       int first;  // first row recorded
     };
+    // GSM8K (a numeric task): the outcome label judges each continuation's final answer.
+    std::optional<eval::Task> numeric;
+    std::vector<int> answer_from;  // per source: where its answer starts
     std::vector<Source> sources;
     if (task_ == "wikitext") {
       const int L = chunk_tokens_;
@@ -151,8 +156,8 @@ class RouterCollect {
       }
     } else {
       const eval::Task task = eval::load_task(task_, data_, shots_);
-      if (task.kind != eval::TaskKind::MultipleChoice)
-        throw Error("router collect --task: only multiple-choice tasks (not " + task_ + ")");
+      const bool is_numeric = task.kind == eval::TaskKind::Numeric;
+      if (is_numeric) numeric = task;
       const int n_items =
           std::min<int>(chunks_, static_cast<int>(task.items.size()) - chunk_offset_);
       if (n_items < 1) {
@@ -163,10 +168,14 @@ class RouterCollect {
         const eval::Item& item = task.items[chunk_offset_ + k];
         const std::string prompt = eval::item_prompt(task, item);
         const int n_prompt = static_cast<int>(tok.encode(prompt, true, false).size());
-        std::vector<TokenId> ids = tok.encode(prompt + " " + item.gold + "\n", true, false);
+        // Multiple choice: " B\n"; GSM8K: the worked solution as the shots show theirs.
+        const std::string answer =
+            is_numeric ? " " + item.reference + "\n\n" : " " + item.gold + "\n";
+        std::vector<TokenId> ids = tok.encode(prompt + answer, true, false);
         if (static_cast<int>(ids.size()) <= n_prompt)
           throw Error(item.id + ": the answer added no tokens to the prompt");
         sources.push_back({static_cast<uint64_t>(chunk_offset_ + k), std::move(ids), n_prompt - 1});
+        answer_from.push_back(n_prompt);
       }
     }
     int max_len = 0;
@@ -196,13 +205,19 @@ class RouterCollect {
     std::unique_ptr<Context> cloud_ctx;
     if (cloud) cloud_ctx = std::make_unique<Context>(*cloud, cp);
     std::unique_ptr<OutcomeProbe> probe;
-    if (outcome_share_ > 0 && cloud) {
-      probe = std::make_unique<OutcomeProbe>(*edge, *cloud, max_len, outcome_tokens_, threads_);
+    const int outcome_tokens = outcome_tokens_ > 0 ? outcome_tokens_
+                               : numeric           ? numeric->max_answer_tokens
+                                                   : 16;
+    if (outcome_share_ > 0 && numeric) {
+      // Only the edge continues (the cloud gives its top-1): room for a whole answer.
+      probe = std::make_unique<OutcomeProbe>(*edge, nullptr, max_len, outcome_tokens, threads_);
+    } else if (outcome_share_ > 0 && cloud) {
+      probe = std::make_unique<OutcomeProbe>(*edge, *cloud, max_len, outcome_tokens, threads_);
     } else if (outcome_share_ > 0) {
       auto remote = [&](const std::vector<TokenId>& prefix, int n) {
         return cloud_continuation_http(*http, api_, prefix, n, timeout_s_);
       };
-      probe = std::make_unique<OutcomeProbe>(*edge, remote, max_len, outcome_tokens_, threads_);
+      probe = std::make_unique<OutcomeProbe>(*edge, remote, max_len, outcome_tokens, threads_);
     }
     size_t outcomes = 0;
     // Rows per forward pass: each row's logits are n_vocab floats (1 MiB for Gemma's 262k).
@@ -304,9 +319,31 @@ class RouterCollect {
         }
       }
       if (probe && chosen_for_outcome(seq.id)) {
+        OutcomeProbe::AnswerJudge judge;
+        if (numeric) {
+          const eval::Item& item = numeric->items[seq.id];
+          judge.answer_from = answer_from[&src - sources.data()];
+          judge.max_tokens = outcome_tokens;
+          judge.tokenizer = &tok;
+          judge.complete = [](const std::string& a) {
+            return eval::answer_complete(eval::TaskKind::Numeric, a);
+          };
+          judge.correct = [&item](const std::string& a) {
+            const auto got = eval::extract_number(eval::cut_answer(eval::TaskKind::Numeric, a));
+            return got && *got == item.gold;
+          };
+        }
+        int divergent = 0, measured = 0;
+        for (const router::TraceRecord& r : seq.records) divergent += r.edge_top1 != r.cloud_top1;
         for (router::TraceRecord& r : seq.records) {
-          r.outcome = probe->measure(chunk, r.position, r.edge_top1, r.cloud_top1);
-          outcomes += r.edge_top1 != r.cloud_top1;
+          r.outcome =
+              numeric ? probe->measure_answer(chunk, r.position, r.edge_top1, r.cloud_top1, judge)
+                      : probe->measure(chunk, r.position, r.edge_top1, r.cloud_top1);
+          if (r.edge_top1 == r.cloud_top1) continue;
+          ++outcomes;
+          // An item of GSM8K takes minutes: say how far its continuations are.
+          std::fprintf(stderr, "\r[collect] sequence %d/%d: outcome %d/%d   ", done + 1, todo,
+                       ++measured, divergent);
         }
       }
       records += seq.records.size();
@@ -329,7 +366,7 @@ class RouterCollect {
   int shots_ = 5, chunks_ = 24, chunk_offset_ = 0, chunk_tokens_ = 512, first_position_ = 0,
       top_k_ = 8, cloud_top_n_ = 20, threads_ = 0;
   double timeout_s_ = 120, outcome_share_ = 0;
-  int outcome_tokens_ = 16;
+  int outcome_tokens_ = 0;  // 0: 16 for text, the task's answer length for GSM8K
   bool overwrite_ = false;
 
   // Whether a sequence is in the --outcome-share sample: a fixed hash of its id, so that a

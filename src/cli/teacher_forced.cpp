@@ -92,19 +92,57 @@ std::vector<std::vector<TokenId>> OutcomeProbe::continue_greedy(Context& ctx,
   return out;
 }
 
+void OutcomeProbe::switch_chunk(const std::vector<TokenId>& chunk) {
+  if (chunk == held_) return;
+  size_t shared = 0;
+  while (shared < chunk.size() && shared < held_.size() && chunk[shared] == held_[shared]) ++shared;
+  const int keep = static_cast<int>(shared);
+  for (int& v : valid_edge_) v = std::min(v, keep);
+  valid_cloud_ = std::min(valid_cloud_, keep);
+  held_ = chunk;
+}
+
+float OutcomeProbe::measure_answer(const std::vector<TokenId>& chunk, int i, TokenId edge_top1,
+                                   TokenId cloud_top1, const AnswerJudge& judge) {
+  if (edge_top1 == cloud_top1) return 0.0f;
+  if (i + 1 < judge.answer_from) throw Error("measure_answer: position before the answer");
+  switch_chunk(chunk);
+  hold(edge_, 0, chunk, i + 1);
+  hold(edge_, 1, chunk, i + 1);
+  // The answer so far (the reference's tokens up to i), then each row's continuation.
+  const std::vector<TokenId> so_far(chunk.begin() + judge.answer_from, chunk.begin() + i + 1);
+  const int budget = std::max(1, judge.max_tokens - static_cast<int>(so_far.size()));
+  const int room = edge_.n_ctx() - (i + 1);
+  std::vector<TokenId> rows[2] = {{edge_top1}, {cloud_top1}};
+  auto text_of = [&](const std::vector<TokenId>& row) {
+    std::vector<TokenId> all = so_far;
+    all.insert(all.end(), row.begin(), row.end());
+    return judge.tokenizer->decode(all);
+  };
+  bool done[2] = {false, false};
+  for (int k = 1; k < std::min(budget, room); ++k) {
+    std::vector<BatchToken> batch;
+    std::vector<int> slots;
+    for (int s = 0; s < 2; ++s) {
+      if (!done[s]) done[s] = judge.complete(text_of(rows[s]));
+      if (done[s]) continue;
+      batch.push_back({rows[s].back(), i + k, s, true, false});
+      slots.push_back(s);
+    }
+    if (batch.empty()) break;
+    edge_.decode(batch);
+    for (size_t b = 0; b < slots.size(); ++b)
+      rows[slots[b]].push_back(argmax(edge_.logits(static_cast<int>(b))));
+  }
+  const int own = judge.correct(text_of(rows[0])), routed = judge.correct(text_of(rows[1]));
+  return static_cast<float>(routed - own);
+}
+
 float OutcomeProbe::measure(const std::vector<TokenId>& chunk, int i, TokenId edge_top1,
                             TokenId cloud_top1) {
   if (edge_top1 == cloud_top1) return 0.0f;
-  if (chunk != held_) {
-    // A new chunk: the slots keep only the prefix it shares with the one before.
-    size_t shared = 0;
-    while (shared < chunk.size() && shared < held_.size() && chunk[shared] == held_[shared])
-      ++shared;
-    const int keep = static_cast<int>(shared);
-    for (int& v : valid_edge_) v = std::min(v, keep);
-    valid_cloud_ = std::min(valid_cloud_, keep);
-    held_ = chunk;
-  }
+  if (!cloud_ && !remote_) throw Error("the outcome probe has no cloud to continue with");
+  switch_chunk(chunk);
   // Slots hold chunk[0, i] (i + 1 tokens); the continuations start at position i + 1.
   std::vector<TokenId> cloud = {cloud_top1};
   if (cloud_) {

@@ -70,7 +70,25 @@ class OutcomeProbe {
   OutcomeProbe(const Model& edge, CloudContinuation cloud, int n_ctx, int n_tokens, int n_threads);
   float measure(const std::vector<TokenId>& chunk, int i, TokenId edge_top1, TokenId cloud_top1);
 
+  // How an answer is judged, for measure_answer: the answer is the text from chunk position
+  // `answer_from` on (the reference's first tokens, then the continuation).
+  struct AnswerJudge {
+    int answer_from = 0;
+    int max_tokens = 256;  // answer tokens at most, the reference's included
+    std::function<bool(const std::string& answer)> complete;  // true: generation may stop
+    std::function<bool(const std::string& answer)> correct;
+    const Tokenizer* tokenizer = nullptr;  // to turn tokens into the text
+  };
+  // The outcome by the task's correctness (GSM8K): from chunk[0, i], the edge continues greedily
+  // twice, after its own top-1 and after the cloud's, each until judge.complete or
+  // judge.max_tokens; the outcome is correct(after the cloud's) − correct(after its own), in
+  // {−1, 0, 1}; 0 where the two top-1s agree. The cloud takes no part beyond its token.
+  float measure_answer(const std::vector<TokenId>& chunk, int i, TokenId edge_top1,
+                       TokenId cloud_top1, const AnswerJudge& judge);
+
  private:
+  // A new chunk: the slots keep only the prefix it shares with the one before.
+  void switch_chunk(const std::vector<TokenId>& chunk);
   // Makes slot `slot` of ctx hold exactly chunk[0, n) (what it holds past the part shared with
   // the chunk is dropped).
   void hold(Context& ctx, int slot, const std::vector<TokenId>& chunk, int n);

@@ -166,6 +166,7 @@ Task load_task(const std::string& name, const std::string& data_dir, int shots) 
       auto gold = extract_number(answer);
       if (!gold) throw Error(where + ": the answer has no '#### <number>' line");
       it.gold = *gold;
+      it.reference = answer;
       worked.push_back(answer);
       items.push_back(std::move(it));
     }

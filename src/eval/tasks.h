@@ -21,6 +21,8 @@ struct Item {
   std::string question;             // the item's own part of the prompt (after the shots)
   std::vector<std::string> labels;  // multiple choice: "A", "B", ...
   std::string gold;                 // a label, or a normalized number
+  std::string reference;            // GSM8K: the worked solution, "... #### 72" (as the shots
+                                    // show theirs); empty for multiple choice
 };
 
 struct Task {

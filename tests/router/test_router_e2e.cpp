@@ -112,9 +112,21 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
     EXPECT_GT(recs.front().position, 100) << "recorded from the answer, not the prompt";
     for (size_t i = 1; i < recs.size(); ++i) EXPECT_EQ(recs[i].position, recs[0].position + i);
   }
-  r = collect({"--cloud-model", cloud, "--task", "gsm8k", "--overwrite"}, 3, task_trace);
-  EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.err.find("only multiple-choice"), std::string::npos) << r.err;
+  // GSM8K teacher-forced on the worked solutions, with the outcome judged by the final answer's
+  // correctness (the synthetic models never reach a '####' line: every outcome is 0, measured).
+  const std::string gsm_trace = (dir / "gsm.trace").string();
+  r = collect({"--cloud-model", cloud, "--task", "gsm8k", "--shots", "1", "--outcome-share", "1",
+               "--outcome-tokens", "24"},
+              2, gsm_trace);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const router::TraceFile gsm_tf = router::read_trace(gsm_trace);
+  ASSERT_EQ(gsm_tf.sequences.size(), 2u);
+  for (const auto& seq : gsm_tf.sequences) {
+    const auto& recs = seq.records;
+    ASSERT_GE(recs.size(), 20u) << "the worked solution, not one answer token";
+    for (size_t i = 1; i < recs.size(); ++i) EXPECT_EQ(recs[i].position, recs[0].position + i);
+    for (const auto& rec : recs) EXPECT_EQ(rec.outcome, 0.0f);
+  }
 
   // The outcome label: every position of the chosen sequences continued both ways (all of them
   // at share 1), over the same features as the plain collection.
