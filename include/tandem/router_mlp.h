@@ -4,10 +4,11 @@
 //   layers    z = (x - mean) / scale;  h1 = relu(W1 z + b1);  ...;  score = w_out · h_L + b_out
 //
 // The score is "more reason to ask the cloud" (a logit for a classification label, the expected
-// log-likelihood gain of the cloud for the `gain` label). Pure C++ over plain loops: the router
-// layer includes no engine or kernel headers (DESIGN.md §2), and a 659×64 layer costs ~40k
-// multiply-adds, a few microseconds, against a ~20 ms decode step. Loading from and saving to
-// GGUF is in src/router/router_file.h.
+// log-likelihood gain of the cloud for the `gain` label). Each layer's dot products run through
+// tandem's f32 SIMD kernels by their public entry (tandem/vector_ops.h): the router layer
+// includes no engine or kernel headers (DESIGN.md §2). A 659×64 layer is ~40k multiply-adds, a
+// few microseconds against a ~20 ms decode step. Loading from and saving to GGUF is in
+// src/router/router_file.h.
 #pragma once
 
 #include <cstdint>

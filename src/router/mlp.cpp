@@ -4,24 +4,9 @@
 #include <stdexcept>
 
 #include "tandem/router_mlp.h"
+#include "tandem/vector_ops.h"
 
 namespace tandem {
-namespace {
-
-// Eight independent partial sums: the compiler turns them into one SIMD register's lanes (a
-// single running sum would have to be added in order, one element at a time).
-float dot(const float* w, const float* x, int n) {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) lane[j] += w[i + j] * x[i + j];
-  float acc = 0;
-  for (; i < n; ++i) acc += w[i] * x[i];
-  for (int j = 0; j < 8; ++j) acc += lane[j];
-  return acc;
-}
-
-}  // namespace
 
 std::string RouterFeatureSpec::describe() const {
   return "hidden[" + std::to_string(n_embd) + "],log_top_prob[" + std::to_string(top_k) +
@@ -92,7 +77,8 @@ float MlpRouterModel::score_features(const float* x) const {
     b.resize(L.n_out);
     for (int o = 0; o < L.n_out; ++o) {
       const float acc =
-          dot(L.weight.data() + static_cast<size_t>(o) * L.n_in, a.data(), L.n_in) + L.bias[o];
+          vector_dot(L.weight.data() + static_cast<size_t>(o) * L.n_in, a.data(), L.n_in) +
+          L.bias[o];
       b[o] = last ? acc : std::max(acc, 0.0f);
     }
     std::swap(a, b);
