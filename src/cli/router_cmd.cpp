@@ -116,9 +116,11 @@ class RouterCollect {
                     tok.fingerprint_hex() + ")");
       }
     } else {
-      if (outcome_share_ > 0 && api_ == "sglang") {
+      // Every collection asks for the cloud's top-n per position (and the outcome label for its
+      // continuations) through /v1/completions: say so before any work.
+      if (api_ == "sglang") {
         throw Error(
-            "router collect --outcome-share: the cloud's continuations come from --cloud-api "
+            "router collect: the cloud's top tokens and continuations come from --cloud-api "
             "tandem|openai (/v1/completions) or --cloud-model, not sglang");
       }
       net::HttpOptions ho;
@@ -131,11 +133,11 @@ class RouterCollect {
     struct Source {
       uint64_t id;
       std::vector<TokenId> tokens;
-      int first;  // first row recorded
+      int first;            // first row recorded
+      int answer_from = 0;  // a task's item: where its answer starts
     };
     // GSM8K (a numeric task): the outcome label judges each continuation's final answer.
     std::optional<eval::Task> numeric;
-    std::vector<int> answer_from;  // per source: where its answer starts
     std::vector<Source> sources;
     if (task_ == "wikitext") {
       const int L = chunk_tokens_;
@@ -174,8 +176,8 @@ class RouterCollect {
         std::vector<TokenId> ids = tok.encode(prompt + answer, true, false);
         if (static_cast<int>(ids.size()) <= n_prompt)
           throw Error(item.id + ": the answer added no tokens to the prompt");
-        sources.push_back({static_cast<uint64_t>(chunk_offset_ + k), std::move(ids), n_prompt - 1});
-        answer_from.push_back(n_prompt);
+        sources.push_back(
+            {static_cast<uint64_t>(chunk_offset_ + k), std::move(ids), n_prompt - 1, n_prompt});
       }
     }
     int max_len = 0;
@@ -322,7 +324,7 @@ class RouterCollect {
         OutcomeProbe::AnswerJudge judge;
         if (numeric) {
           const eval::Item& item = numeric->items[seq.id];
-          judge.answer_from = answer_from[&src - sources.data()];
+          judge.answer_from = src.answer_from;
           judge.max_tokens = outcome_tokens;
           judge.tokenizer = &tok;
           judge.complete = [](const std::string& a) {

@@ -78,16 +78,25 @@ void OutcomeProbe::hold(Context& ctx, int slot, const std::vector<TokenId>& chun
 
 std::vector<std::vector<TokenId>> OutcomeProbe::continue_greedy(Context& ctx,
                                                                 const std::vector<TokenId>& first,
-                                                                int pos) {
+                                                                int pos, int n,
+                                                                const StopWhen& stop) {
   std::vector<std::vector<TokenId>> out;
   for (TokenId t : first) out.push_back({t});
-  for (int k = 1; k < n_tokens_; ++k) {
+  std::vector<bool> done(out.size(), false);
+  for (int k = 1; k < n; ++k) {
+    // Only the slots still going take part: a batch row's logits are its batch index's.
     std::vector<BatchToken> batch;
-    for (size_t s = 0; s < out.size(); ++s)
+    std::vector<size_t> slots;
+    for (size_t s = 0; s < out.size(); ++s) {
+      if (!done[s] && stop) done[s] = stop(out[s]);
+      if (done[s]) continue;
       batch.push_back({out[s].back(), pos + k - 1, static_cast<int32_t>(s), true, false});
+      slots.push_back(s);
+    }
+    if (batch.empty()) break;
     ctx.decode(batch);
-    for (size_t s = 0; s < out.size(); ++s)
-      out[s].push_back(argmax(ctx.logits(static_cast<int>(s))));
+    for (size_t b = 0; b < slots.size(); ++b)
+      out[slots[b]].push_back(argmax(ctx.logits(static_cast<int>(b))));
   }
   return out;
 }
@@ -113,27 +122,14 @@ float OutcomeProbe::measure_answer(const std::vector<TokenId>& chunk, int i, Tok
   const std::vector<TokenId> so_far(chunk.begin() + judge.answer_from, chunk.begin() + i + 1);
   const int budget = std::max(1, judge.max_tokens - static_cast<int>(so_far.size()));
   const int room = edge_.n_ctx() - (i + 1);
-  std::vector<TokenId> rows[2] = {{edge_top1}, {cloud_top1}};
   auto text_of = [&](const std::vector<TokenId>& row) {
     std::vector<TokenId> all = so_far;
     all.insert(all.end(), row.begin(), row.end());
     return judge.tokenizer->decode(all);
   };
-  bool done[2] = {false, false};
-  for (int k = 1; k < std::min(budget, room); ++k) {
-    std::vector<BatchToken> batch;
-    std::vector<int> slots;
-    for (int s = 0; s < 2; ++s) {
-      if (!done[s]) done[s] = judge.complete(text_of(rows[s]));
-      if (done[s]) continue;
-      batch.push_back({rows[s].back(), i + k, s, true, false});
-      slots.push_back(s);
-    }
-    if (batch.empty()) break;
-    edge_.decode(batch);
-    for (size_t b = 0; b < slots.size(); ++b)
-      rows[slots[b]].push_back(argmax(edge_.logits(static_cast<int>(b))));
-  }
+  const auto rows = continue_greedy(
+      edge_, {edge_top1, cloud_top1}, i + 1, std::min(budget, room),
+      [&](const std::vector<TokenId>& row) { return judge.complete(text_of(row)); });
   const int own = judge.correct(text_of(rows[0])), routed = judge.correct(text_of(rows[1]));
   return static_cast<float>(routed - own);
 }
@@ -147,7 +143,7 @@ float OutcomeProbe::measure(const std::vector<TokenId>& chunk, int i, TokenId ed
   std::vector<TokenId> cloud = {cloud_top1};
   if (cloud_) {
     hold(*cloud_, 0, chunk, i + 1);
-    cloud = continue_greedy(*cloud_, {cloud_top1}, i + 1)[0];
+    cloud = continue_greedy(*cloud_, {cloud_top1}, i + 1, n_tokens_)[0];
   } else if (n_tokens_ > 1) {
     std::vector<TokenId> prefix(chunk.begin(), chunk.begin() + i + 1);
     prefix.push_back(cloud_top1);
@@ -156,7 +152,7 @@ float OutcomeProbe::measure(const std::vector<TokenId>& chunk, int i, TokenId ed
   }
   hold(edge_, 0, chunk, i + 1);
   hold(edge_, 1, chunk, i + 1);
-  const auto edge = continue_greedy(edge_, {edge_top1, cloud_top1}, i + 1);
+  const auto edge = continue_greedy(edge_, {edge_top1, cloud_top1}, i + 1, n_tokens_);
   const int own = common_subsequence(edge[0], cloud), routed = common_subsequence(edge[1], cloud);
   return static_cast<float>(routed - own) / static_cast<float>(n_tokens_);
 }

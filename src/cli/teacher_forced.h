@@ -92,10 +92,12 @@ class OutcomeProbe {
   // Makes slot `slot` of ctx hold exactly chunk[0, n) (what it holds past the part shared with
   // the chunk is dropped).
   void hold(Context& ctx, int slot, const std::vector<TokenId>& chunk, int n);
+  // Whether a continuation (its tokens so far) may stop early.
+  using StopWhen = std::function<bool(const std::vector<TokenId>&)>;
   // Greedy continuations, one per slot, each starting with its token in `first` at position
-  // `pos`: n_tokens tokens each (the first included).
+  // `pos`: n tokens each (the first included), fewer for a slot once `stop` says so.
   std::vector<std::vector<TokenId>> continue_greedy(Context& ctx, const std::vector<TokenId>& first,
-                                                    int pos);
+                                                    int pos, int n, const StopWhen& stop = {});
   int n_tokens_;
   Context edge_;                                  // 2 slots: after the edge's / the cloud's token
   std::unique_ptr<Context> cloud_;                // a local cloud, or
