@@ -91,6 +91,18 @@ class ServeCommand : public Command {
                    "from (saves about the model's size in memory; batches get slower)");
     sub_->add_option("-a,--alias", api_.model_name,
                      "Model name for /v1/models (default: file name)");
+    sub_->add_option("--max-text-bytes", api_.max_text_bytes,
+                     "Bytes of text one request may ask to tokenize (prompt, messages, /tokenize)")
+        ->check(CLI::Range(size_t{1}, size_t{1} << 30))
+        ->capture_default_str();
+    sub_->add_option("--max-request-time", api_.max_request_seconds,
+                     "Seconds one request may generate for; then it ends as if at max_tokens")
+        ->check(CLI::Range(0.1, 1e7))
+        ->capture_default_str();
+    sub_->add_option("--cpu-workers", api_.cpu_workers,
+                     "Threads that tokenize and detokenize requests, off the I/O threads")
+        ->check(CLI::Range(1, 64))
+        ->capture_default_str();
   }
 
   int run() override {

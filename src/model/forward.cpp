@@ -316,6 +316,12 @@ void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutp
   // Rows that asked only for the hidden state get zeros; the others are written by the LM head
   // (zero-filling all of [n_out x 262k] first cost a 33 MB memset per 32-row server batch).
   out.logits.resize(static_cast<size_t>(n_out) * V);
+  // One batch with many logits rows (a server prefill with prompt log-probabilities) must not
+  // keep its memory for good: the buffer gives it back once it is over 4x what a batch needs.
+  if (out.logits.capacity() > 4 * out.logits.size() &&
+      out.logits.capacity() * sizeof(float) > (size_t{64} << 20)) {
+    out.logits.shrink_to_fit();
+  }
   for (int r = 0, j = 0; r < n_out; ++r) {
     if (j < static_cast<int>(logit_rows.size()) && logit_rows[j] == r) {
       ++j;

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "common/json_guard.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "tokenizer/chat_template.h"
@@ -34,8 +35,12 @@ ApiError bad(const std::string& field, const std::string& what) {
   return ApiError(400, "bad_request", "'" + field + "' " + what, {{"field", field}});
 }
 
+// Every body is checked for nesting before the parser sees it: nothing after this point (reading
+// fields, copying, dumping an error) can recurse deeper than kMaxJsonDepth.
 json parse_body(const std::string& body) {
   if (body.empty()) return json::object();
+  if (const std::string e = json_depth_error(body, kMaxJsonDepth, "the request body"); !e.empty())
+    throw ApiError(400, "bad_request", e, {{"field", "body"}, {"limit", kMaxJsonDepth}});
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw ApiError(400, "bad_request", "the body is not valid JSON");
   if (!j.is_object()) throw ApiError(400, "bad_request", "the body must be a JSON object");
@@ -54,7 +59,10 @@ int64_t get_int(const json& j, const char* name, int64_t def, int64_t lo, int64_
   if (v->is_number_float()) {
     const double d = v->get<double>();
     if (d != std::floor(d)) throw bad(name, "must be an integer");
-    if (d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+    // 2^63 rounds to INT64_MAX as a double but does not fit an int64_t: compare against the
+    // first double past the range, so the cast below is always defined.
+    constexpr double kInt64End = 9223372036854775808.0;  // 2^63
+    if (d < static_cast<double>(lo) || d > static_cast<double>(hi) || d >= kInt64End) {
       throw bad(name, "is " + v->dump() + ", outside [" + std::to_string(lo) + ", " +
                           std::to_string(hi) + "]");
     }
@@ -258,7 +266,28 @@ struct StepRequest {
   SamplingParams sampling;
   std::vector<TokenId> draft;
   int top_n = 0;
+  Clock::time_point deadline = Clock::time_point::max();  // generation stops here ("time")
 };
+
+Clock::time_point deadline_after(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// Text the server is asked to tokenize is refused before any work when it is over the cap.
+void check_text_size(size_t bytes, const std::string& name, size_t max_bytes) {
+  if (bytes <= max_bytes) return;
+  throw ApiError(413, "too_large",
+                 "'" + name + "' has " + std::to_string(bytes) + " bytes of text; the limit is " +
+                     std::to_string(max_bytes) + " (--max-text-bytes)",
+                 {{"field", name}, {"limit", max_bytes}});
+}
+
+const std::string& checked_text(const json& v, const std::string& name, size_t max_bytes) {
+  const std::string& text = v.get_ref<const std::string&>();
+  check_text_size(text.size(), name, max_bytes);
+  return text;
+}
 
 StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& o) {
   static const char* known[] = {"expected_pos", "rewind_to", "append",
@@ -272,6 +301,7 @@ StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& 
     }
   }
   StepRequest r;
+  r.deadline = deadline_after(o.max_request_seconds);
   if (!field(j, "expected_pos")) throw bad("expected_pos", "is required");
   r.expected_pos = static_cast<int>(get_int(j, "expected_pos", 0, 0, n_ctx));
   if (field(j, "rewind_to")) {
@@ -363,6 +393,10 @@ class StepJob : public Job {
       if (static_cast<int>(tokens_.size()) >= req_.n) return false;
       if (pos_ >= n_ctx) {
         stop_ = "context";
+        return false;
+      }
+      if (Clock::now() >= req_.deadline) {
+        stop_ = "time";
         return false;
       }
       feed.assign(1, {tokens_.back(), true});
@@ -459,6 +493,7 @@ struct CompletionRequest {
   bool ignore_eos = false;     // vLLM's and llama.cpp's: generate on through end-of-generation
   std::string model_name;
   std::optional<std::string> prompt_text;  // the prompt as the client wrote it, for echo
+  Clock::time_point deadline = Clock::time_point::max();  // generation stops here ("length")
 };
 
 std::vector<std::string> get_stop(const json& j, const char* name) {
@@ -479,31 +514,35 @@ std::vector<std::string> get_stop(const json& j, const char* name) {
   return out;
 }
 
-// A prompt given as a string, an array of ids, or (llama.cpp) a mix of strings and ids.
-std::vector<TokenId> get_prompt(const json& v, const std::string& name, const Tokenizer& tok,
-                                int n_vocab, int n_ctx) {
-  if (v.is_string()) return tok.encode(v.get<std::string>(), true, false);
-  if (v.is_array()) {
-    if (v.size() == 1 && (v[0].is_string() || v[0].is_array()))
-      return get_prompt(v[0], name, tok, n_vocab, n_ctx);
-    bool all_ids =
-        std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_number_integer(); });
-    if (all_ids) return get_ids(v, name, n_vocab, static_cast<size_t>(n_ctx));
-    std::vector<TokenId> out;
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (v[i].is_string()) {
-        auto ids = tok.encode(v[i].get<std::string>(), i == 0, false);
-        out.insert(out.end(), ids.begin(), ids.end());
-      } else if (v[i].is_number_integer()) {
-        auto ids = get_ids(json::array({v[i]}), name + "[" + std::to_string(i) + "]", n_vocab, 1);
-        out.push_back(ids[0]);
-      } else {
-        throw bad(name + "[" + std::to_string(i) + "]", "must be a string or a token id");
-      }
-    }
-    return out;
+// A prompt given as a string, an array of ids, or (llama.cpp) a mix of strings and ids. A prompt
+// wrapped in one-element arrays ([["text"]], [[1,2,3]]) is unwrapped in a loop, never by
+// recursion (the body's nesting is bounded before this runs, but the loop holds regardless).
+std::vector<TokenId> get_prompt(const json& outer, const std::string& name, const Tokenizer& tok,
+                                int n_vocab, int n_ctx, size_t max_text) {
+  const json* v = &outer;
+  while (v->is_array() && v->size() == 1 && ((*v)[0].is_string() || (*v)[0].is_array())) {
+    v = &(*v)[0];
   }
-  throw bad(name, "must be a string or an array of token ids");
+  if (v->is_string()) return tok.encode(checked_text(*v, name, max_text), true, false);
+  if (!v->is_array()) throw bad(name, "must be a string or an array of token ids");
+  const bool all_ids =
+      std::all_of(v->begin(), v->end(), [](const json& x) { return x.is_number_integer(); });
+  if (all_ids) return get_ids(*v, name, n_vocab, static_cast<size_t>(n_ctx));
+  std::vector<TokenId> out;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& part = (*v)[i];
+    const std::string at = name + "[" + std::to_string(i) + "]";
+    if (part.is_string()) {
+      auto ids = tok.encode(checked_text(part, at, max_text), i == 0, false);
+      out.insert(out.end(), ids.begin(), ids.end());
+    } else if (part.is_number_integer()) {
+      out.push_back(get_ids(json::array({part}), at, n_vocab, 1)[0]);
+    } else {
+      throw bad(at, "must be a string or a token id");
+    }
+    if (out.size() > static_cast<size_t>(n_ctx)) break;  // too long: refused by the caller
+  }
+  return out;
 }
 
 class CompletionJob : public Job {
@@ -573,20 +612,10 @@ class CompletionJob : public Job {
     generated_.push_back(t);
     gen_lp_.push_back(req_.want_logprobs ? static_cast<float>(logits[t] - log_z) : 0.f);
     gen_top_.push_back(top_n(logits, req_.top_n, log_z));
-    piece_ends_.push_back(0);
+    const size_t before = text_.size();
     text_ += stream_.push(t);
-    piece_ends_.back() = text_.size();
-    // Stop strings: cut the text at the first match.
-    for (const auto& s : req_.stop) {
-      const size_t from = text_.size() > sent_ + s.size() ? sent_ : 0;
-      const size_t at = text_.find(s, from > s.size() ? from - s.size() : 0);
-      if (at != std::string::npos) {
-        text_.resize(at);
-        finish_ = "stop";
-        stop_word_ = s;
-        break;
-      }
-    }
+    piece_ends_.push_back(text_.size());
+    cut_at_stop_string(before);
     if (req_.stream) flush_text(false);
   }
 
@@ -601,6 +630,10 @@ class CompletionJob : public Job {
       return false;
     }
     if (static_cast<int>(req_.prompt.size() + generated_.size()) >= n_ctx_) {
+      finish_ = "length";
+      return false;
+    }
+    if (Clock::now() >= req_.deadline) {  // the per-request time budget (--max-request-time)
       finish_ = "length";
       return false;
     }
@@ -640,6 +673,26 @@ class CompletionJob : public Job {
     float logprob;
     std::vector<TopEntry> top;
   };
+
+  // Stop strings: cuts the text at the earliest match. Only a match that ends in the bytes this
+  // token added (text_[before, end)) is new, so each token costs its own bytes plus the longest
+  // stop string, not a rescan of the whole text.
+  void cut_at_stop_string(size_t before) {
+    size_t best = std::string::npos;
+    const std::string* word = nullptr;
+    for (const auto& s : req_.stop) {
+      const size_t from = before >= s.size() - 1 ? before - (s.size() - 1) : 0;
+      const size_t at = text_.find(s, from);
+      if (at < best) {
+        best = at;
+        word = &s;
+      }
+    }
+    if (!word) return;
+    text_.resize(best);
+    finish_ = "stop";
+    stop_word_ = *word;
+  }
 
   std::string piece(TokenId t) const { return tok_.token_to_piece(t); }
   std::string echoed_prompt() const {
@@ -904,6 +957,11 @@ class CompletionJob : public Job {
           break;
         }
         case Dialect::SgLang:
+          // SGLang's chunks repeat everything so far. Sent after every token that is quadratic
+          // (~80 MB of JSON for 4,096 tokens); after the first 16 tokens a chunk goes out only
+          // once the answer has grown by a sixteenth, so a stream costs at most ~17 times its
+          // final answer (docs/server.md).
+          if (!final && tok_to < tokens_sent_ + std::max<size_t>(1, tok_to / 16)) return;
           res_->write(sse({{"text", text_.substr(0, safe)},
                            {"output_ids",
                             std::vector<TokenId>(generated_.begin(), generated_.begin() + tok_to)},
@@ -969,6 +1027,74 @@ class CompletionJob : public Job {
   bool streamed_ = false;
 };
 
+// Runs `work` and answers any request error it throws: ApiError with its own status, a JSON type
+// error or another tandem::Error as 400. Used on the I/O thread and on the CPU workers alike.
+template <class Work>
+void answering_errors(Responder& res, Work&& work) {
+  try {
+    work();
+  } catch (const ApiError& e) {
+    send_error(res, e);
+  } catch (const json::exception& e) {
+    send_error(res, ApiError(400, "bad_request", std::string("bad JSON value: ") + e.what()));
+  } catch (const Error& e) {
+    send_error(res, ApiError(400, "bad_request", e.what()));
+  }
+}
+
+// Threads for the request work whose CPU grows with the body: tokenizing prompts and texts,
+// rendering chat templates, detokenizing. It never runs on an I/O thread, so /health and the
+// native steps stay prompt whatever text other clients send. The queue is bounded (a full one
+// answers 503); tasks still queued when the server goes away are dropped, and their responders
+// answer 500 as they are destroyed.
+class CpuWorkers {
+ public:
+  CpuWorkers(int threads, size_t max_queued) : max_queued_(max_queued) {
+    for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { loop(); });
+  }
+  ~CpuWorkers() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+      queue_.clear();
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // False when the queue is full.
+  bool post(std::function<void()> task) {
+    {
+      std::lock_guard lk(mu_);
+      if (stop_ || queue_.size() >= max_queued_) return false;
+      queue_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+    return true;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lk(mu_);
+        wake_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+
+  const size_t max_queued_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
 bool constant_time_equal(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   const size_t n = std::max(a.size(), b.size());
@@ -994,6 +1120,9 @@ struct Api::Impl {
   // Additions to protocol 1 a client may use when listed ("rewind": a step's rewind_to).
   const json features_json = json::array({"rewind"});
 
+  // Last, so it is destroyed first: its threads stop before anything they use goes away.
+  std::unique_ptr<CpuWorkers> workers;
+
   Impl(Scheduler& s, Metrics& m, const ApiOptions& o)
       : sched(s),
         metrics(m),
@@ -1012,8 +1141,25 @@ struct Api::Impl {
                    {"max_top_n", options.max_top_n},
                    {"idle_timeout_s", s.options().idle_timeout_s},
                    {"max_sessions", s.options().max_sessions}};
+    workers = std::make_unique<CpuWorkers>(options.cpu_workers,
+                                           static_cast<size_t>(options.max_cpu_queue));
   }
 
+  // Runs `work(request, responder)` on a CPU worker with its own copy of the request.
+  void offload(const HttpRequest& req, std::shared_ptr<Responder> res,
+               void (Impl::*work)(const HttpRequest&, std::shared_ptr<Responder>)) {
+    auto copy = std::make_shared<HttpRequest>(req);
+    const bool queued = workers->post(
+        [this, copy, res, work] { answering_errors(*res, [&] { (this->*work)(*copy, res); }); });
+    if (!queued) {
+      ++metrics.rejected_overload;
+      throw ApiError(503, "unavailable",
+                     "all " + std::to_string(options.max_cpu_queue) +
+                         " places in the tokenizer queue are taken; retry later");
+    }
+  }
+
+  void route(const HttpRequest& req, const std::shared_ptr<CountingResponder>& res, bool draining);
   int n_vocab() const { return model.info().n_vocab; }
   int n_ctx() const { return sched.options().n_ctx; }
 
@@ -1105,6 +1251,19 @@ struct Api::Impl {
     }
   }
 
+  void openai_text(const HttpRequest& req, std::shared_ptr<Responder> res) {
+    completion(req, std::move(res), Dialect::OpenAiText);
+  }
+  void openai_chat(const HttpRequest& req, std::shared_ptr<Responder> res) {
+    completion(req, std::move(res), Dialect::OpenAiChat);
+  }
+  void llama_cpp(const HttpRequest& req, std::shared_ptr<Responder> res) {
+    completion(req, std::move(res), Dialect::LlamaCpp);
+  }
+  void sglang(const HttpRequest& req, std::shared_ptr<Responder> res) {
+    completion(req, std::move(res), Dialect::SgLang);
+  }
+
   void completion(const HttpRequest& req, std::shared_ptr<Responder> res, Dialect d) {
     const json j = parse_body(req.body);
     CompletionRequest r;
@@ -1113,11 +1272,12 @@ struct Api::Impl {
     if (const json* m = field(j, "model"); m && m->is_string())
       r.model_name = m->get<std::string>();
     r.stream = get_bool(j, "stream", false);
+    r.deadline = deadline_after(options.max_request_seconds);
     switch (d) {
       case Dialect::OpenAiText: {
         const json* p = field(j, "prompt");
         if (!p) throw bad("prompt", "is required");
-        r.prompt = get_prompt(*p, "prompt", tok, n_vocab(), n_ctx());
+        r.prompt = get_prompt(*p, "prompt", tok, n_vocab(), n_ctx(), options.max_text_bytes);
         if (p->is_string()) r.prompt_text = p->get<std::string>();
         r.max_tokens = static_cast<int>(get_int(j, "max_tokens", 16, 0, options.max_generate));
         r.sampling = get_sampling(j, 1.0);
@@ -1143,6 +1303,7 @@ struct Api::Impl {
           throw bad("messages", "must be a non-empty array of {role, content}");
         }
         std::vector<ChatMessage> chat;
+        size_t chat_bytes = 0;  // all messages' text together count against --max-text-bytes
         for (size_t i = 0; i < msgs->size(); ++i) {
           const json& m = (*msgs)[i];
           const std::string at = "messages[" + std::to_string(i) + "]";
@@ -1165,6 +1326,8 @@ struct Api::Impl {
           } else if (content) {
             throw bad(at + ".content", "must be a string or an array of text parts");
           }
+          chat_bytes += text.size();
+          check_text_size(chat_bytes, "messages", options.max_text_bytes);
           chat.push_back({role->get<std::string>(), text});
         }
         const std::string prompt = apply_chat_template(model.file(), chat, true);
@@ -1182,7 +1345,7 @@ struct Api::Impl {
       case Dialect::LlamaCpp: {
         const json* p = field(j, "prompt");
         if (!p) throw bad("prompt", "is required");
-        r.prompt = get_prompt(*p, "prompt", tok, n_vocab(), n_ctx());
+        r.prompt = get_prompt(*p, "prompt", tok, n_vocab(), n_ctx(), options.max_text_bytes);
         const int64_t n = get_int(j, "n_predict", -1, -1, options.max_generate);
         r.max_tokens = n < 0 ? options.max_generate : static_cast<int>(n);
         r.sampling = get_sampling(j, 0.8);
@@ -1199,15 +1362,14 @@ struct Api::Impl {
         if (ids) {
           r.prompt = get_ids(*ids, "input_ids", n_vocab(), static_cast<size_t>(n_ctx()));
         } else if (text && text->is_string()) {
-          r.prompt = tok.encode(text->get<std::string>(), true, false);
+          r.prompt = tok.encode(checked_text(*text, "text", options.max_text_bytes), true, false);
         } else {
           throw bad("input_ids", "or 'text' is required");
         }
-        json sp = json::object();
-        if (const json* s = field(j, "sampling_params")) {
-          if (!s->is_object()) throw bad("sampling_params", "must be an object");
-          sp = *s;
-        }
+        static const json kNoParams = json::object();
+        const json* s = field(j, "sampling_params");
+        if (s && !s->is_object()) throw bad("sampling_params", "must be an object");
+        const json& sp = s ? *s : kNoParams;  // read in place: client JSON is never copied
         r.max_tokens =
             static_cast<int>(get_int(sp, "max_new_tokens", 128, 0, options.max_generate));
         r.sampling = get_sampling(sp, 1.0);
@@ -1264,7 +1426,8 @@ struct Api::Impl {
     submit_or_refuse(job, *res);
   }
 
-  void tokenize(const HttpRequest& req, Responder& res) {
+  void tokenize(const HttpRequest& req, std::shared_ptr<Responder> out) {
+    Responder& res = *out;
     const json j = parse_body(req.body);
     const json* c = field(j, "content");
     if (!c) c = field(j, "text");
@@ -1272,7 +1435,8 @@ struct Api::Impl {
     const bool add_special = get_bool(j, "add_special", true);
     const bool parse_special = get_bool(j, "parse_special", true);
     const bool with_pieces = get_bool(j, "with_pieces", false);
-    const auto ids = tok.encode(c->get<std::string>(), add_special, parse_special);
+    const auto ids =
+        tok.encode(checked_text(*c, "content", options.max_text_bytes), add_special, parse_special);
     json tokens = json::array();
     for (TokenId id : ids) {
       if (with_pieces) {
@@ -1284,7 +1448,8 @@ struct Api::Impl {
     send_json(res, 200, {{"tokens", tokens}, {"vocab_hash", vocab_hash}, {"n_vocab", n_vocab()}});
   }
 
-  void detokenize(const HttpRequest& req, Responder& res) {
+  void detokenize(const HttpRequest& req, std::shared_ptr<Responder> out) {
+    Responder& res = *out;
     const json j = parse_body(req.body);
     const json* t = field(j, "tokens");
     if (!t) throw bad("tokens", "is required");
@@ -1367,73 +1532,71 @@ std::string route_label(const std::string& path) {
 
 void Api::handle(const HttpRequest& req, std::shared_ptr<Responder> raw) {
   auto res = std::make_shared<CountingResponder>(raw, impl_->metrics, route_label(req.path));
-  Impl& m = *impl_;
-  try {
-    const std::string& p = req.path;
-    const bool get = req.method == "GET";
-    const bool post = req.method == "POST";
-    if (p == "/health") {
-      if (draining_) throw ApiError(503, "unavailable", "the server is shutting down");
-      return send_json(*res, 200, {{"status", "ok"}});
-    }
-    if (!m.options.api_key.empty()) {
-      const std::string auth = req.header("authorization");
-      const std::string prefix = "Bearer ";
-      if (auth.rfind(prefix, 0) != 0 ||
-          !constant_time_equal(auth.substr(prefix.size()), m.options.api_key)) {
-        throw ApiError(401, "unauthorized",
-                       "a valid 'Authorization: Bearer <key>' header is required");
-      }
-    }
-    if (p == "/metrics" && get) {
-      return res->send(200, "text/plain; version=0.0.4", m.metrics.render());
-    }
-    if (p == "/v1/models" && get) return m.models(*res);
-    if (p == "/props" && get) return m.props(*res);
-    if (p == "/tandem/v1/info" && get) return m.info(*res);
-    if (p == "/tandem/v1/sessions" && get) return m.list(*res);
-    if (p == "/tokenize" && post) return m.tokenize(req, *res);
-    if (p == "/detokenize" && post) return m.detokenize(req, *res);
-    if (draining_ && post) throw ApiError(503, "unavailable", "the server is shutting down");
-    if (p == "/tandem/v1/sessions" && post) return m.create(req, *res);
-    const std::string prefix = "/tandem/v1/sessions/";
-    if (p.rfind(prefix, 0) == 0) {
-      std::string rest = p.substr(prefix.size());
-      const bool is_step = rest.size() > 5 && rest.compare(rest.size() - 5, 5, "/step") == 0;
-      const std::string id = is_step ? rest.substr(0, rest.size() - 5) : rest;
-      if (id.empty() || id.size() > 64 || id.find('/') != std::string::npos) {
-        throw ApiError(404, "not_found", "no such path: " + p);
-      }
-      if (is_step && post) {
-        res->set_model_request();
-        return m.step(id, req, res);
-      }
-      if (!is_step && req.method == "DELETE") {
-        if (!m.sched.close_session(id)) {
-          const std::string reason = m.sched.lost_reason(id);
-          throw ApiError(410, "session_lost", "session " + id + " is gone (" + reason + ")",
-                         {{"reason", reason}});
-        }
-        return send_json(*res, 200, {{"closed", true}});
-      }
-      throw ApiError(405, "bad_method", req.method + " is not allowed on " + p);
-    }
-    if (post) {
-      res->set_model_request();
-      if (p == "/v1/completions") return m.completion(req, res, Dialect::OpenAiText);
-      if (p == "/v1/chat/completions") return m.completion(req, res, Dialect::OpenAiChat);
-      if (p == "/completion" || p == "/completions")
-        return m.completion(req, res, Dialect::LlamaCpp);
-      if (p == "/generate") return m.completion(req, res, Dialect::SgLang);
-    }
-    throw ApiError(404, "not_found", "no such path: " + req.method + " " + p);
-  } catch (const ApiError& e) {
-    send_error(*res, e);
-  } catch (const json::exception& e) {
-    send_error(*res, ApiError(400, "bad_request", std::string("bad JSON value: ") + e.what()));
-  } catch (const Error& e) {
-    send_error(*res, ApiError(400, "bad_request", e.what()));
+  answering_errors(*res, [&] { impl_->route(req, res, draining_); });
+}
+
+// Picks the handler of a request. Cheap work (auth, info, native steps: token ids only) runs here
+// on the I/O thread; anything that tokenizes goes to the CPU workers.
+void Api::Impl::route(const HttpRequest& req, const std::shared_ptr<CountingResponder>& res,
+                      bool draining) {
+  Impl& m = *this;
+  const std::string& p = req.path;
+  const bool get = req.method == "GET";
+  const bool post = req.method == "POST";
+  if (p == "/health") {
+    if (draining) throw ApiError(503, "unavailable", "the server is shutting down");
+    return send_json(*res, 200, {{"status", "ok"}});
   }
+  if (!m.options.api_key.empty()) {
+    const std::string auth = req.header("authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.rfind(prefix, 0) != 0 ||
+        !constant_time_equal(auth.substr(prefix.size()), m.options.api_key)) {
+      throw ApiError(401, "unauthorized",
+                     "a valid 'Authorization: Bearer <key>' header is required");
+    }
+  }
+  if (p == "/metrics" && get) {
+    return res->send(200, "text/plain; version=0.0.4", m.metrics.render());
+  }
+  if (p == "/v1/models" && get) return m.models(*res);
+  if (p == "/props" && get) return m.props(*res);
+  if (p == "/tandem/v1/info" && get) return m.info(*res);
+  if (p == "/tandem/v1/sessions" && get) return m.list(*res);
+  if (p == "/tokenize" && post) return m.offload(req, res, &Impl::tokenize);
+  if (p == "/detokenize" && post) return m.offload(req, res, &Impl::detokenize);
+  if (draining && post) throw ApiError(503, "unavailable", "the server is shutting down");
+  if (p == "/tandem/v1/sessions" && post) return m.create(req, *res);
+  const std::string prefix = "/tandem/v1/sessions/";
+  if (p.rfind(prefix, 0) == 0) {
+    std::string rest = p.substr(prefix.size());
+    const bool is_step = rest.size() > 5 && rest.compare(rest.size() - 5, 5, "/step") == 0;
+    const std::string id = is_step ? rest.substr(0, rest.size() - 5) : rest;
+    if (id.empty() || id.size() > 64 || id.find('/') != std::string::npos) {
+      throw ApiError(404, "not_found", "no such path: " + p);
+    }
+    if (is_step && post) {
+      res->set_model_request();
+      return m.step(id, req, res);
+    }
+    if (!is_step && req.method == "DELETE") {
+      if (!m.sched.close_session(id)) {
+        const std::string reason = m.sched.lost_reason(id);
+        throw ApiError(410, "session_lost", "session " + id + " is gone (" + reason + ")",
+                       {{"reason", reason}});
+      }
+      return send_json(*res, 200, {{"closed", true}});
+    }
+    throw ApiError(405, "bad_method", req.method + " is not allowed on " + p);
+  }
+  if (post) {
+    res->set_model_request();
+    if (p == "/v1/completions") return m.offload(req, res, &Impl::openai_text);
+    if (p == "/v1/chat/completions") return m.offload(req, res, &Impl::openai_chat);
+    if (p == "/completion" || p == "/completions") return m.offload(req, res, &Impl::llama_cpp);
+    if (p == "/generate") return m.offload(req, res, &Impl::sglang);
+  }
+  throw ApiError(404, "not_found", "no such path: " + req.method + " " + p);
 }
 
 void parse_step_for_fuzzing(const std::string& body, int n_vocab) {

@@ -20,6 +20,11 @@ struct ApiOptions {
   int max_draft = 64;
   int max_top_n = 20;
   int max_sse_clients = 256;
+  // Per-request CPU bounds (docs/security.md).
+  size_t max_text_bytes = 256 << 10;  // a prompt or /tokenize text longer than this: 413
+  double max_request_seconds = 300;   // generation stops ("length") once a job has run this long
+  int cpu_workers = 2;                // threads that tokenize and detokenize off the I/O threads
+  int max_cpu_queue = 64;             // requests waiting for a worker; more get 503
 };
 
 class Api {

@@ -419,6 +419,18 @@ void Scheduler::finish_job(const std::shared_ptr<Job>& job, JobFailure failure,
   drained_.notify_all();
 }
 
+// How many of the next `take` feed tokens of a prefilling job fit under the per-batch cap on
+// prefill rows that want logits; counts the rows it lets through in *rows.
+size_t Scheduler::within_logit_rows(const Job& job, size_t take, size_t* rows) const {
+  size_t n = 0;
+  for (; n < take; ++n) {
+    if (!job.feed[job.fed + n].want_logits) continue;
+    if (*rows >= kMaxPrefillLogitRows) break;
+    ++*rows;
+  }
+  return n;
+}
+
 // One decode batch: a row from every job that is generating (one token left to feed), then
 // prefill chunks in arrival order, within the token budget.
 void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
@@ -451,6 +463,10 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
     }
     ++j;
   }
+  // Rows that want logits cost a vocabulary-sized row each (1 MiB for Gemma): a prompt asking for
+  // its log-probabilities would otherwise size the logits buffer to the whole batch (512 MiB at
+  // -b 512). Decode rows always run; prefill chunks stop at kMaxPrefillLogitRows such rows.
+  size_t prefill_logit_rows = 0;
   std::vector<size_t> order(active.size());
   for (size_t j = 0; j < active.size(); ++j) order[j] = j;
   std::stable_partition(order.begin(), order.end(),
@@ -458,7 +474,8 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
   for (size_t j : order) {
     Job& job = *active[j];
     const size_t left = job.feed.size() - job.fed;
-    const size_t take = std::min<size_t>(left, static_cast<size_t>(budget));
+    size_t take = std::min<size_t>(left, static_cast<size_t>(budget));
+    if (left > 1) take = within_logit_rows(job, take, &prefill_logit_rows);
     if (take == 0) {
       if (budget == 0) break;
       continue;

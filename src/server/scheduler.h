@@ -180,6 +180,8 @@ class Scheduler {
   void expire_idle_locked();
   uint64_t kv_tokens_locked() const;
   void run_batch(std::vector<std::shared_ptr<Job>>& active);
+  static constexpr size_t kMaxPrefillLogitRows = 32;
+  size_t within_logit_rows(const Job& job, size_t take, size_t* rows) const;
   void finish_job(const std::shared_ptr<Job>& job, JobFailure failure, const std::string& msg);
   void release_slot(int slot);
 
