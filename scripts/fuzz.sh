@@ -40,15 +40,39 @@ done
 SEEDS=$BUILD/seeds
 rm -rf "$SEEDS"
 mkdir -p "$SEEDS/fuzz_gguf" "$SEEDS/fuzz_tokenizer" "$SEEDS/fuzz_api" "$SEEDS/fuzz_trace"
-# Request bodies: valid steps and completions, and near misses.
-n=0
-for body in '{"expected_pos":0,"append":[1,2,3],"generate":{"n":4,"temperature":0.7,"top_p":0.9,"seed":1},"top_n":2}' \
-  '{"expected_pos":12,"verify":{"draft":[5,6,7]}}' '{"expected_pos":3}' '{"expected_pos":0,"append":[]}' \
-  '{"prompt":[1,2,3],"max_tokens":5,"stop":["a","bc"],"temperature":0,"stream":true}' \
-  '{"prompt":"hi","max_tokens":1e3,"top_p":2}' '{"expected_pos":1.5,"append":[1e9]}'; do
-  printf '%s' "$body" >"$SEEDS/fuzz_api/seed$n.json"
-  n=$((n + 1))
-done
+# fuzz_api inputs: one byte that picks the route (fuzz/fuzz_api.cpp's kRoutes), then the body.
+# Valid requests of each kind, near misses, and the hostile shapes: nested, huge, duplicate keys,
+# invalid UTF-8.
+python3 - "$SEEDS/fuzz_api" <<'PY'
+import sys, pathlib
+out = pathlib.Path(sys.argv[1])
+deep = "[" * 5000 + '"hi"' + "]" * 5000
+bodies = {
+    0: ['{"prompt":"Once upon","max_tokens":4,"stop":["a","bc"],"temperature":0,"logprobs":2,"echo":true}',
+        '{"prompt":[1,2,3],"max_tokens":3,"stream":true,"temperature":0.7,"seed":4294967295}',
+        '{"prompt":' + deep + '}', '{"prompt":"hi","max_tokens":9.3e18}',
+        '{"prompt":"hi","prompt":[1,2],"max_tokens":1}', '{"prompt":"' + "<" * 12000 + '"}'],
+    1: ['{"messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"stream":true,"logprobs":true,"top_logprobs":2}',
+        '{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}',
+        '{"messages":[{"role":"user","content":' + deep + '}]}'],
+    2: ['{"prompt":["a",5,"b"],"n_predict":3,"n_probs":2,"return_tokens":true}', '{"prompt":[[1,2]],"stream":true}'],
+    3: ['{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":4,"ignore_eos":true},"stream":true,"return_logprob":true,"logprob_start_len":0,"top_logprobs_num":2}',
+        '{"text":"hello","sampling_params":' + "{\"a\":" * 3000 + "1" + "}" * 3000 + '}'],
+    4: ['{"content":"hello <start_of_turn> world","with_pieces":true}', '{"content":"' + "<" * 12000 + '"}'],
+    5: ['{"tokens":[1,2,3]}', '{"tokens":[1e9,-1]}'],
+    6: ['{"protocol":1}', '{"protocol":2}'],
+    7: ['{"expected_pos":0,"append":[1,2,3],"generate":{"n":4,"temperature":0.7,"top_p":0.9,"seed":1},"top_n":2}',
+        '{"expected_pos":3,"verify":{"draft":[5,6,7]}}', '{"expected_pos":3,"rewind_to":3,"append":[4]}',
+        '{"expected_pos":1.5,"append":[1e9]}', '{"expected_pos":0,"append":' + deep + '}'],
+}
+n = 0
+for route, items in bodies.items():
+    for body in items:
+        (out / f"seed{n:03d}").write_bytes(bytes([route]) + body.encode())
+        n += 1
+(out / f"seed{n:03d}").write_bytes(bytes([0]) + b'{"prompt":"\xff\xfe\xc3(","max_tokens":2}')
+(out / f"seed{n+1:03d}").write_bytes(bytes([0]) + b'{"prompt":"' + bytes([0xC3, 0x28, 0xA0, 0xA1]) + b'"}')
+PY
 # tandem ui's POST /api/generate bodies: valid ones and near misses.
 mkdir -p "$SEEDS/fuzz_ui_request"
 n=0

@@ -1599,20 +1599,4 @@ void Api::Impl::route(const HttpRequest& req, const std::shared_ptr<CountingResp
   throw ApiError(404, "not_found", "no such path: " + req.method + " " + p);
 }
 
-void parse_step_for_fuzzing(const std::string& body, int n_vocab) {
-  ApiOptions o;
-  parse_step(parse_body(body), n_vocab, 4096, o);
-}
-
-void parse_completion_for_fuzzing(const std::string& body, int n_vocab) {
-  const json j = parse_body(body);
-  if (const json* p = field(j, "prompt"); p && p->is_array()) {
-    get_ids(*p, "prompt", n_vocab, 4096);
-  }
-  get_sampling(j, 1.0);
-  get_stop(j, "stop");
-  get_int(j, "max_tokens", 16, 0, 4096);
-  get_bool(j, "stream", false);
-}
-
 }  // namespace tandem::server

@@ -41,9 +41,4 @@ class Api {
   std::atomic<bool> draining_{false};
 };
 
-// Parses a request body as the native protocol's step (for the fuzzer and tests): throws
-// ApiError-derived tandem::Error naming the field for anything malformed.
-void parse_step_for_fuzzing(const std::string& body, int n_vocab);
-void parse_completion_for_fuzzing(const std::string& body, int n_vocab);
-
 }  // namespace tandem::server
