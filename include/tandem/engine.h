@@ -166,6 +166,10 @@ class Context {
 
 // ---- sampling ----
 
+// The seed that asks for a random one. Every other value, 0xFFFFFFFF included (llama.cpp's
+// "default seed"), is a seed: a client that names a seed gets the same draws every time.
+inline constexpr uint64_t kRandomSeed = UINT64_MAX;
+
 struct SamplingParams {
   float temp = 0.8f;            // <= 0: greedy
   int top_k = 40;               // <= 0: off
@@ -173,7 +177,7 @@ struct SamplingParams {
   float min_p = 0.05f;          // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off
   int repeat_last_n = 64;
-  uint64_t seed = 0xFFFFFFFF;  // 0xFFFFFFFF: random seed
+  uint64_t seed = kRandomSeed;
 };
 
 class Sampler {

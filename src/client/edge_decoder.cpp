@@ -246,7 +246,7 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
     op.kind = CloudOpKind::Generate;
     op.n_generate = n;
     op.sampling = options_.sampling;
-    op.send_seed = options_.sampling.seed != 0xFFFFFFFF;
+    op.send_seed = options_.sampling.seed != kRandomSeed;
     return op;
   };
   // Emits a cloud answer's tokens; false when generation ended. `edge_guess` is the small

@@ -22,7 +22,7 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
 
 void Sampler::reset() {
   history_.clear();
-  rng_state_ = params_.seed == 0xFFFFFFFF
+  rng_state_ = params_.seed == kRandomSeed
                    ? static_cast<uint64_t>(
                          std::chrono::high_resolution_clock::now().time_since_epoch().count())
                    : params_.seed;

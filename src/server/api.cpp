@@ -134,7 +134,7 @@ SamplingParams get_sampling(const json& j, double default_temp, uint64_t* seed_o
   sp.min_p = static_cast<float>(get_num(j, "min_p", 0.0, 0, 1));
   sp.repeat_penalty = static_cast<float>(get_num(j, "repeat_penalty", 1.0, 0.01, 100));
   const int64_t seed = get_int(j, "seed", -1, -1, INT64_MAX);
-  sp.seed = seed < 0 ? 0xFFFFFFFFull : static_cast<uint64_t>(seed);
+  sp.seed = seed < 0 ? kRandomSeed : static_cast<uint64_t>(seed);
   if (seed_out) *seed_out = sp.seed;
   return sp;
 }
