@@ -236,7 +236,12 @@ void send_json(Responder& res, int status, const json& body, const HeaderList& h
 
 void send_error(Responder& res, const ApiError& e) {
   HeaderList h;
-  if (e.status == 429 || e.status == 503) h.push_back({"Retry-After", "1"});
+  if (e.status == 429 || e.status == 503) {
+    // An error that knows when to come back says so in error.retry_after (seconds).
+    const auto it = e.extra.find("retry_after");
+    const bool known = it != e.extra.end() && it->is_number_integer();
+    h.push_back({"Retry-After", known ? std::to_string(it->get<int64_t>()) : "1"});
+  }
   send_json(res, e.status, error_body(e.code, e.what(), e.extra), h);
 }
 
@@ -390,6 +395,14 @@ class StepJob : public Job {
 
   void on_finish(JobFailure failure, const std::string& message) override {
     metrics_.step_seconds.observe(std::chrono::duration<double>(Clock::now() - enqueued).count());
+    if (failure == JobFailure::NoMemory && retry_after_s > 0) {
+      // Room frees up when running steps end or other clients' idle sessions pass their grace.
+      send_error(*res_, ApiError(429, "overloaded",
+                                 message + " now (busy sessions, or other clients' idle ones "
+                                           "within --evict-grace); retry later",
+                                 {{"retry_after", retry_after_s}}));
+      return;
+    }
     if (failure == JobFailure::NoMemory) {
       send_error(*res_, ApiError(503, "unavailable", message));
       return;
@@ -969,15 +982,6 @@ class CompletionJob : public Job {
   bool streamed_ = false;
 };
 
-bool constant_time_equal(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    diff |= static_cast<unsigned char>((i < a.size() ? a[i] : 0) ^ (i < b.size() ? b[i] : 0));
-  }
-  return diff == 0;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -1034,21 +1038,38 @@ struct Api::Impl {
                {"limits", limits_json}});
   }
 
-  void create(const HttpRequest& req, Responder& res) {
+  void create(const HttpRequest& req, Responder& res, const Credential& who) {
     const json j = parse_body(req.body);
     const int64_t proto = get_int(j, "protocol", 1, 0, 1000);
     if (proto != 1) {
       throw bad("protocol", "is " + std::to_string(proto) + "; this server speaks protocol 1");
     }
-    auto id = sched.create_session();
-    if (!id) {
-      ++metrics.rejected_overload;
-      throw ApiError(503, "unavailable",
-                     "all " + std::to_string(sched.options().max_sessions) +
-                         " session slots are busy; retry later");
+    const CreateResult created = sched.create_session(who.name);
+    switch (created.outcome) {
+      case CreateResult::Outcome::Ok:
+        break;
+      case CreateResult::Outcome::Draining:
+        throw ApiError(503, "unavailable", "the server is shutting down");
+      case CreateResult::Outcome::OverQuota:
+        ++metrics.rejected_overload;
+        throw ApiError(
+            429, "over_quota",
+            client_label(who) + " has " + std::to_string(sched.options().max_sessions_per_key) +
+                " sessions open, its quota (--max-sessions-per-key); close one or "
+                "retry when one expires",
+            {{"quota", "max_sessions_per_key"}, {"limit", sched.options().max_sessions_per_key}});
+      case CreateResult::Outcome::NoRoom:
+        ++metrics.rejected_overload;
+        throw ApiError(429, "overloaded",
+                       "all " + std::to_string(sched.options().max_sessions) +
+                           " session slots are taken and none may be evicted (other clients' "
+                           "idle sessions are kept for --evict-grace " +
+                           json(sched.options().evict_grace_s).dump() + " s); retry later",
+                       {{"retry_after", created.retry_after_s}});
     }
+    const std::string& id = created.id;
     send_json(res, 201,
-              {{"session", *id},
+              {{"session", id},
                {"pos", 0},
                {"protocol", 1},
                {"features", features_json},
@@ -1056,7 +1077,8 @@ struct Api::Impl {
                {"limits", limits_json}});
   }
 
-  void step(const std::string& id, const HttpRequest& req, std::shared_ptr<Responder> res) {
+  void step(const std::string& id, const HttpRequest& req, std::shared_ptr<Responder> res,
+            const Credential& who) {
     StepRequest sr = parse_step(parse_body(req.body), n_vocab(), n_ctx(), options);
     if (sr.kind != StepKind::Sync && sr.expected_pos == 0 && sr.append.empty()) {
       throw bad("append", "is empty and so is the session: there is nothing to continue from");
@@ -1066,16 +1088,13 @@ struct Api::Impl {
                                                     : 0;
     int pos = 0, kv_len = 0;
     std::vector<TokenId> uncached;
-    const StepCheck check = sched.begin_step(id, sr.expected_pos, sr.rewind_to, sr.append, extra,
-                                             &pos, &kv_len, &uncached);
+    const StepCheck check = sched.begin_step(id, who.name, sr.expected_pos, sr.rewind_to, sr.append,
+                                             extra, &pos, &kv_len, &uncached);
     switch (check) {
       case StepCheck::Ok:
         break;
-      case StepCheck::Lost: {
-        const std::string reason = sched.lost_reason(id);
-        throw ApiError(410, "session_lost", "session " + id + " is gone (" + reason + ")",
-                       {{"reason", reason}});
-      }
+      case StepCheck::Lost:
+        throw session_lost(id, who);
       case StepCheck::Busy:
         throw ApiError(409, "session_busy", "session " + id + " is running another step",
                        {{"pos", pos}});
@@ -1097,12 +1116,41 @@ struct Api::Impl {
     auto job = std::make_shared<StepJob>(sched, metrics, res, std::move(sr), std::move(uncached),
                                          kv_len, pos);
     job->session_id = id;
+    job->owner = who.name;
     job->history_before = pos - appended;
-    if (!sched.submit(job)) {
+    SubmitRefusal why = SubmitRefusal::None;
+    if (!sched.submit(job, &why)) {
       sched.abort_step(id, job->history_before);
+      if (why == SubmitRefusal::Draining) {
+        throw ApiError(503, "unavailable", "the server is shutting down");
+      }
       ++metrics.rejected_overload;
+      if (why == SubmitRefusal::KeyQuota) {
+        throw ApiError(
+            429, "over_quota",
+            client_label(who) + " has " + std::to_string(sched.options().max_queue_per_key) +
+                " jobs queued or running, its quota (--max-queue-per-key); retry later",
+            {{"quota", "max_queue_per_key"}, {"limit", sched.options().max_queue_per_key}});
+      }
       throw ApiError(429, "overloaded", "the work queue is full; retry later");
     }
+  }
+
+  // The answer for a session `who` does not hold: the same for an id never issued, another
+  // client's session and one of its own that is gone (then with the reason).
+  ApiError session_lost(const std::string& id, const Credential& who) const {
+    const std::string reason = sched.lost_reason(id, who.name);
+    return ApiError(410, "session_lost", "session " + id + " is gone (" + reason + ")",
+                    {{"reason", reason}});
+  }
+
+  static std::string client_label(const Credential& who) {
+    return who.name.empty() ? std::string("this client") : "client '" + who.name + "'";
+  }
+
+  void close(const std::string& id, Responder& res, const Credential& who) {
+    if (!sched.close_session(id, who.name)) throw session_lost(id, who);
+    send_json(res, 200, {{"closed", true}});
   }
 
   void completion(const HttpRequest& req, std::shared_ptr<Responder> res, Dialect d) {
@@ -1319,16 +1367,52 @@ struct Api::Impl {
                {"total_slots", sched.options().stateless_slots}});
   }
 
-  void list(Responder& res) {
+  void list(Responder& res, const Credential& who) {
+    require_admin(who, "listing sessions");
     json a = json::array();
     for (const auto& s : sched.list_sessions()) {
-      a.push_back(
-          {{"session", s.id}, {"pos", s.pos}, {"idle_s", s.idle_s}, {"kv_bytes", s.kv_bytes}});
+      a.push_back({{"session", s.id},
+                   {"owner", s.owner},
+                   {"pos", s.pos},
+                   {"idle_s", s.idle_s},
+                   {"kv_bytes", s.kv_bytes}});
     }
     send_json(res, 200,
               {{"sessions", a},
                {"kv_bytes_in_use", sched.kv_bytes_in_use()},
                {"kv_cap", sched.options().kv_cap_bytes}});
+  }
+
+  // Admin routes: the admin key; on a server without any key, a loopback --host instead (no
+  // one else can connect, unless a proxy on this host forwards to it: then set --admin-key).
+  void require_admin(const Credential& who, const std::string& what) const {
+    if (who.admin || (options.keys.empty() && options.loopback_only)) return;
+    std::string why;
+    if (options.keys.has_admin()) {
+      why = "needs the admin key";
+    } else if (!options.keys.empty()) {
+      why =
+          "needs an admin key, and this server has none (--admin-key, or 'admin' after a key "
+          "in --api-key-file)";
+    } else {
+      why = "needs an admin key: a server without keys allows it only on a loopback --host";
+    }
+    throw ApiError(403, "forbidden", what + " " + why);
+  }
+
+  // Who is calling: the credential whose key the Bearer header holds (401 when none matches),
+  // or the anonymous client when the server has no keys.
+  Credential authenticate(const HttpRequest& req) const {
+    if (options.keys.empty()) return {};
+    const std::string auth = req.header("authorization");
+    const std::string prefix = "Bearer ";
+    const Credential* who =
+        auth.rfind(prefix, 0) == 0 ? options.keys.find(auth.substr(prefix.size())) : nullptr;
+    if (!who) {
+      throw ApiError(401, "unauthorized",
+                     "a valid 'Authorization: Bearer <key>' header is required");
+    }
+    return *who;
   }
 };
 
@@ -1376,26 +1460,18 @@ void Api::handle(const HttpRequest& req, std::shared_ptr<Responder> raw) {
       if (draining_) throw ApiError(503, "unavailable", "the server is shutting down");
       return send_json(*res, 200, {{"status", "ok"}});
     }
-    if (!m.options.api_key.empty()) {
-      const std::string auth = req.header("authorization");
-      const std::string prefix = "Bearer ";
-      if (auth.rfind(prefix, 0) != 0 ||
-          !constant_time_equal(auth.substr(prefix.size()), m.options.api_key)) {
-        throw ApiError(401, "unauthorized",
-                       "a valid 'Authorization: Bearer <key>' header is required");
-      }
-    }
+    const Credential who = m.authenticate(req);
     if (p == "/metrics" && get) {
       return res->send(200, "text/plain; version=0.0.4", m.metrics.render());
     }
     if (p == "/v1/models" && get) return m.models(*res);
     if (p == "/props" && get) return m.props(*res);
     if (p == "/tandem/v1/info" && get) return m.info(*res);
-    if (p == "/tandem/v1/sessions" && get) return m.list(*res);
+    if (p == "/tandem/v1/sessions" && get) return m.list(*res, who);
     if (p == "/tokenize" && post) return m.tokenize(req, *res);
     if (p == "/detokenize" && post) return m.detokenize(req, *res);
     if (draining_ && post) throw ApiError(503, "unavailable", "the server is shutting down");
-    if (p == "/tandem/v1/sessions" && post) return m.create(req, *res);
+    if (p == "/tandem/v1/sessions" && post) return m.create(req, *res, who);
     const std::string prefix = "/tandem/v1/sessions/";
     if (p.rfind(prefix, 0) == 0) {
       std::string rest = p.substr(prefix.size());
@@ -1406,16 +1482,9 @@ void Api::handle(const HttpRequest& req, std::shared_ptr<Responder> raw) {
       }
       if (is_step && post) {
         res->set_model_request();
-        return m.step(id, req, res);
+        return m.step(id, req, res, who);
       }
-      if (!is_step && req.method == "DELETE") {
-        if (!m.sched.close_session(id)) {
-          const std::string reason = m.sched.lost_reason(id);
-          throw ApiError(410, "session_lost", "session " + id + " is gone (" + reason + ")",
-                         {{"reason", reason}});
-        }
-        return send_json(*res, 200, {{"closed", true}});
-      }
+      if (!is_step && req.method == "DELETE") return m.close(id, *res, who);
       throw ApiError(405, "bad_method", req.method + " is not allowed on " + p);
     }
     if (post) {
