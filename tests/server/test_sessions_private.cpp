@@ -543,9 +543,12 @@ TEST(ServerSessions, TooLongStepAfterRewindLeavesTheSessionAsItWas) {
   const std::string s = create(c);
   const std::string control = create(c);
   ASSERT_EQ(c.post(step_path(s), {{"expected_pos", 0}, {"append", tokens(10)}}).status, 200);
-  HttpResult r =
-      c.post(step_path(s), {{"expected_pos", 4}, {"rewind_to", 4}, {"append", tokens(70)}});
+  // 4 kept + 50 appended + 20 to generate > 64: refused by the session's length, after the cut.
+  HttpResult r = c.post(
+      step_path(s),
+      {{"expected_pos", 4}, {"rewind_to", 4}, {"append", tokens(50)}, {"generate", {{"n", 20}}}});
   EXPECT_EQ(r.status, 413) << r.body;
+  EXPECT_NE(r.body.find("would not fit n_ctx 64"), std::string::npos) << r.body;
   r = c.post(step_path(s), {{"expected_pos", 10}, {"generate", {{"n", 3}}}});
   ASSERT_EQ(r.status, 200) << "the history must still hold 10 tokens: " << r.body;
   EXPECT_EQ(r.j()["pos"], 13);
