@@ -2,6 +2,7 @@
 // (docs/protocol.md), OpenAI-, llama.cpp- and SGLang-compatible endpoints, /health, /metrics.
 #include <utility>  // before Boost 1.74's asio (std::exchange)
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <cstdio>
@@ -37,8 +38,28 @@ class ServeCommand : public Command {
     sub_->add_option("--port", http_.port, "Port (0: any free port, printed on stderr)")
         ->check(CLI::Range(0, 65535))
         ->capture_default_str();
-    sub_->add_option("--api-key", api_.api_key, "Require 'Authorization: Bearer KEY'");
-    sub_->add_option("--api-key-file", api_key_file_, "Read the API key from a file");
+    sub_->add_option("--api-key", api_key_,
+                     "Require 'Authorization: Bearer KEY' (one client, named 'default')");
+    sub_->add_option("--api-key-file", api_key_file_,
+                     "Key file: one client per line, 'NAME KEY' or 'NAME KEY admin' ('#' "
+                     "comments); a file of one bare key is one client (docs/server.md)");
+    // Admin and fairness between clients (docs/server.md, "Keys, sessions and fairness").
+    sub_->add_option("--admin-key", admin_key_,
+                     "Admin key (client 'admin'): may also list every session");
+    sub_->add_option("--max-sessions-per-key", sched_.max_sessions_per_key,
+                     "Sessions one client may hold open (0: --max-sessions with one client, "
+                     "else a quarter of it)")
+        ->check(CLI::Range(0, 4096))
+        ->capture_default_str();
+    sub_->add_option("--max-queue-per-key", sched_.max_queue_per_key,
+                     "Jobs one client may have queued or running (0: --max-queue with one "
+                     "client, else a quarter of it)")
+        ->check(CLI::Range(0, 1 << 20))
+        ->capture_default_str();
+    sub_->add_option("--evict-grace", sched_.evict_grace_s,
+                     "Seconds another client's idle session is safe from eviction")
+        ->check(CLI::Range(0.0, 1e7))
+        ->capture_default_str();
     sub_->add_option("--ssl-cert", ssl_cert_, "TLS certificate chain (PEM)");
     sub_->add_option("--ssl-key", ssl_key_, "TLS private key (PEM)");
     sub_->add_option("-c,--ctx-size", sched_.n_ctx,
@@ -107,16 +128,8 @@ class ServeCommand : public Command {
 
   int run() override {
     if (model_.empty()) model_ = default_model_path();
-    if (!api_key_file_.empty()) {
-      std::ifstream in(api_key_file_);
-      if (!in) throw Error("cannot read --api-key-file '" + api_key_file_ + "'");
-      std::getline(in, api_.api_key);
-      while (!api_.api_key.empty() &&
-             std::isspace(static_cast<unsigned char>(api_.api_key.back()))) {
-        api_.api_key.pop_back();
-      }
-      if (api_.api_key.empty()) throw Error("--api-key-file '" + api_key_file_ + "' is empty");
-    }
+    load_keys();
+    describe_keys();
     if (api_.model_name.empty()) api_.model_name = std::filesystem::path(model_).stem().string();
     if (ssl_cert_.empty() != ssl_key_.empty()) {
       throw Error("TLS needs both --ssl-cert and --ssl-key");
@@ -219,7 +232,42 @@ class ServeCommand : public Command {
   }
 
  private:
-  std::string model_, api_key_file_, ssl_cert_, ssl_key_;
+  // Credentials from --api-key, --api-key-file and --admin-key, and the per-client quotas that
+  // follow from how many clients there are.
+  void load_keys() {
+    KeyRing& keys = api_.keys;
+    if (!api_key_.empty()) keys.add("default", api_key_, false, "--api-key");
+    if (!api_key_file_.empty()) keys.merge(KeyRing::load(api_key_file_));
+    if (!admin_key_.empty()) keys.add("admin", admin_key_, true, "--admin-key");
+    api_.loopback_only = is_loopback_host(http_.host);
+    // One client competes only with itself: the totals are its limits.
+    const bool many = keys.client_count() > 1;
+    if (sched_.max_sessions_per_key == 0) {
+      sched_.max_sessions_per_key = many ? std::max(1, sched_.max_sessions / 4) : 0;
+    }
+    if (sched_.max_queue_per_key == 0) {
+      sched_.max_queue_per_key = many ? std::max(1, sched_.max_queue / 4) : 0;
+    }
+  }
+
+  void describe_keys() const {
+    const KeyRing& keys = api_.keys;
+    if (keys.empty()) {
+      std::fprintf(stderr, "tandem serve: no API key: every caller is one anonymous client%s\n",
+                   api_.loopback_only ? "" : "; session listing is refused (no admin key)");
+      return;
+    }
+    const int sessions =
+        sched_.max_sessions_per_key ? sched_.max_sessions_per_key : sched_.max_sessions;
+    const int queue = sched_.max_queue_per_key ? sched_.max_queue_per_key : sched_.max_queue;
+    std::fprintf(stderr,
+                 "tandem serve: %zu client key(s)%s; each at most %d sessions and %d queued "
+                 "jobs; others' idle sessions are safe from eviction for %g s\n",
+                 keys.client_count(), keys.has_admin() ? " and an admin key" : ", no admin key",
+                 sessions, queue, sched_.evict_grace_s);
+  }
+
+  std::string model_, api_key_, api_key_file_, admin_key_, ssl_cert_, ssl_key_;
   HttpServerOptions http_;
   SchedulerOptions sched_;
   ApiOptions api_;

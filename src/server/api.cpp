@@ -244,7 +244,12 @@ void send_json(Responder& res, int status, const json& body, const HeaderList& h
 
 void send_error(Responder& res, const ApiError& e) {
   HeaderList h;
-  if (e.status == 429 || e.status == 503) h.push_back({"Retry-After", "1"});
+  if (e.status == 429 || e.status == 503) {
+    // An error that knows when to come back says so in error.retry_after (seconds).
+    const auto it = e.extra.find("retry_after");
+    const bool known = it != e.extra.end() && it->is_number_integer();
+    h.push_back({"Retry-After", known ? std::to_string(it->get<int64_t>()) : "1"});
+  }
   send_json(res, e.status, error_body(e.code, e.what(), e.extra), h);
 }
 
@@ -424,6 +429,14 @@ class StepJob : public Job {
 
   void on_finish(JobFailure failure, const std::string& message) override {
     metrics_.step_seconds.observe(std::chrono::duration<double>(Clock::now() - enqueued).count());
+    if (failure == JobFailure::NoMemory && retry_after_s > 0) {
+      // Room frees up when running steps end or other clients' idle sessions pass their grace.
+      send_error(*res_, ApiError(429, "overloaded",
+                                 message + " now (busy sessions, or other clients' idle ones "
+                                           "within --evict-grace); retry later",
+                                 {{"retry_after", retry_after_s}}));
+      return;
+    }
     if (failure == JobFailure::NoMemory) {
       send_error(*res_, ApiError(503, "unavailable", message));
       return;
@@ -1095,15 +1108,6 @@ class CpuWorkers {
   std::vector<std::thread> threads_;
 };
 
-bool constant_time_equal(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    diff |= static_cast<unsigned char>((i < a.size() ? a[i] : 0) ^ (i < b.size() ? b[i] : 0));
-  }
-  return diff == 0;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -1146,11 +1150,12 @@ struct Api::Impl {
   }
 
   // Runs `work(request, responder)` on a CPU worker with its own copy of the request.
-  void offload(const HttpRequest& req, std::shared_ptr<Responder> res,
-               void (Impl::*work)(const HttpRequest&, std::shared_ptr<Responder>)) {
+  using ResponderPtr = std::shared_ptr<Responder>;
+  using Work = std::function<void(const HttpRequest&, ResponderPtr)>;
+  void offload(const HttpRequest& req, ResponderPtr res, Work work) {
     auto copy = std::make_shared<HttpRequest>(req);
     const bool queued = workers->post(
-        [this, copy, res, work] { answering_errors(*res, [&] { (this->*work)(*copy, res); }); });
+        [copy, res, work = std::move(work)] { answering_errors(*res, [&] { work(*copy, res); }); });
     if (!queued) {
       ++metrics.rejected_overload;
       throw ApiError(503, "unavailable",
@@ -1163,13 +1168,28 @@ struct Api::Impl {
   int n_vocab() const { return model.info().n_vocab; }
   int n_ctx() const { return sched.options().n_ctx; }
 
-  void submit_or_refuse(std::shared_ptr<Job> job, Responder& res) {
-    if (!sched.submit(std::move(job))) {
-      ++metrics.rejected_overload;
-      throw ApiError(429, "overloaded",
-                     "the work queue is full (" + std::to_string(sched.options().max_queue) +
-                         " jobs); retry later");
+  // Queues a job for `who`; refused: 503 while draining, 429 over the client's own quota or
+  // when the whole queue is full. `undo` runs first when refused (a step gives its history back).
+  void submit_or_refuse(const std::shared_ptr<Job>& job, const Credential& who,
+                        const std::function<void()>& undo = {}) {
+    job->owner = who.name;
+    SubmitRefusal why = SubmitRefusal::None;
+    if (sched.submit(job, &why)) return;
+    if (undo) undo();
+    if (why == SubmitRefusal::Draining) {
+      throw ApiError(503, "unavailable", "the server is shutting down");
     }
+    ++metrics.rejected_overload;
+    if (why == SubmitRefusal::KeyQuota) {
+      throw ApiError(
+          429, "over_quota",
+          client_label(who) + " has " + std::to_string(sched.options().max_queue_per_key) +
+              " jobs queued or running, its quota (--max-queue-per-key); retry later",
+          {{"quota", "max_queue_per_key"}, {"limit", sched.options().max_queue_per_key}});
+    }
+    throw ApiError(429, "overloaded",
+                   "the work queue is full (" + std::to_string(sched.options().max_queue) +
+                       " jobs); retry later");
   }
 
   void info(Responder& res) {
@@ -1180,21 +1200,38 @@ struct Api::Impl {
                {"limits", limits_json}});
   }
 
-  void create(const HttpRequest& req, Responder& res) {
+  void create(const HttpRequest& req, Responder& res, const Credential& who) {
     const json j = parse_body(req.body);
     const int64_t proto = get_int(j, "protocol", 1, 0, 1000);
     if (proto != 1) {
       throw bad("protocol", "is " + std::to_string(proto) + "; this server speaks protocol 1");
     }
-    auto id = sched.create_session();
-    if (!id) {
-      ++metrics.rejected_overload;
-      throw ApiError(503, "unavailable",
-                     "all " + std::to_string(sched.options().max_sessions) +
-                         " session slots are busy; retry later");
+    const CreateResult created = sched.create_session(who.name);
+    switch (created.outcome) {
+      case CreateResult::Outcome::Ok:
+        break;
+      case CreateResult::Outcome::Draining:
+        throw ApiError(503, "unavailable", "the server is shutting down");
+      case CreateResult::Outcome::OverQuota:
+        ++metrics.rejected_overload;
+        throw ApiError(
+            429, "over_quota",
+            client_label(who) + " has " + std::to_string(sched.options().max_sessions_per_key) +
+                " sessions open, its quota (--max-sessions-per-key); close one or "
+                "retry when one expires",
+            {{"quota", "max_sessions_per_key"}, {"limit", sched.options().max_sessions_per_key}});
+      case CreateResult::Outcome::NoRoom:
+        ++metrics.rejected_overload;
+        throw ApiError(429, "overloaded",
+                       "all " + std::to_string(sched.options().max_sessions) +
+                           " session slots are taken and none may be evicted (other clients' "
+                           "idle sessions are kept for --evict-grace " +
+                           json(sched.options().evict_grace_s).dump() + " s); retry later",
+                       {{"retry_after", created.retry_after_s}});
     }
+    const std::string& id = created.id;
     send_json(res, 201,
-              {{"session", *id},
+              {{"session", id},
                {"pos", 0},
                {"protocol", 1},
                {"features", features_json},
@@ -1202,7 +1239,8 @@ struct Api::Impl {
                {"limits", limits_json}});
   }
 
-  void step(const std::string& id, const HttpRequest& req, std::shared_ptr<Responder> res) {
+  void step(const std::string& id, const HttpRequest& req, std::shared_ptr<Responder> res,
+            const Credential& who) {
     StepRequest sr = parse_step(parse_body(req.body), n_vocab(), n_ctx(), options);
     if (sr.kind != StepKind::Sync && sr.expected_pos == 0 && sr.append.empty()) {
       throw bad("append", "is empty and so is the session: there is nothing to continue from");
@@ -1212,16 +1250,13 @@ struct Api::Impl {
                                                     : 0;
     int pos = 0, kv_len = 0;
     std::vector<TokenId> uncached;
-    const StepCheck check = sched.begin_step(id, sr.expected_pos, sr.rewind_to, sr.append, extra,
-                                             &pos, &kv_len, &uncached);
+    const StepCheck check = sched.begin_step(id, who.name, sr.expected_pos, sr.rewind_to, sr.append,
+                                             extra, &pos, &kv_len, &uncached);
     switch (check) {
       case StepCheck::Ok:
         break;
-      case StepCheck::Lost: {
-        const std::string reason = sched.lost_reason(id);
-        throw ApiError(410, "session_lost", "session " + id + " is gone (" + reason + ")",
-                       {{"reason", reason}});
-      }
+      case StepCheck::Lost:
+        throw session_lost(id, who);
       case StepCheck::Busy:
         throw ApiError(409, "session_busy", "session " + id + " is running another step",
                        {{"pos", pos}});
@@ -1244,27 +1279,28 @@ struct Api::Impl {
                                          kv_len, pos);
     job->session_id = id;
     job->history_before = pos - appended;
-    if (!sched.submit(job)) {
-      sched.abort_step(id, job->history_before);
-      ++metrics.rejected_overload;
-      throw ApiError(429, "overloaded", "the work queue is full; retry later");
-    }
+    submit_or_refuse(job, who, [&] { sched.abort_step(id, job->history_before); });
   }
 
-  void openai_text(const HttpRequest& req, std::shared_ptr<Responder> res) {
-    completion(req, std::move(res), Dialect::OpenAiText);
-  }
-  void openai_chat(const HttpRequest& req, std::shared_ptr<Responder> res) {
-    completion(req, std::move(res), Dialect::OpenAiChat);
-  }
-  void llama_cpp(const HttpRequest& req, std::shared_ptr<Responder> res) {
-    completion(req, std::move(res), Dialect::LlamaCpp);
-  }
-  void sglang(const HttpRequest& req, std::shared_ptr<Responder> res) {
-    completion(req, std::move(res), Dialect::SgLang);
+  // The answer for a session `who` does not hold: the same for an id never issued, another
+  // client's session and one of its own that is gone (then with the reason).
+  ApiError session_lost(const std::string& id, const Credential& who) const {
+    const std::string reason = sched.lost_reason(id, who.name);
+    return ApiError(410, "session_lost", "session " + id + " is gone (" + reason + ")",
+                    {{"reason", reason}});
   }
 
-  void completion(const HttpRequest& req, std::shared_ptr<Responder> res, Dialect d) {
+  static std::string client_label(const Credential& who) {
+    return who.name.empty() ? std::string("this client") : "client '" + who.name + "'";
+  }
+
+  void close(const std::string& id, Responder& res, const Credential& who) {
+    if (!sched.close_session(id, who.name)) throw session_lost(id, who);
+    send_json(res, 200, {{"closed", true}});
+  }
+
+  void completion(const HttpRequest& req, std::shared_ptr<Responder> res, Dialect d,
+                  const Credential& who) {
     const json j = parse_body(req.body);
     CompletionRequest r;
     r.dialect = d;
@@ -1423,11 +1459,10 @@ struct Api::Impl {
       out = std::make_shared<StreamGuard>(res, metrics);
     }
     auto job = std::make_shared<CompletionJob>(model, metrics, out, std::move(r), n_ctx());
-    submit_or_refuse(job, *res);
+    submit_or_refuse(job, who);
   }
 
-  void tokenize(const HttpRequest& req, std::shared_ptr<Responder> out) {
-    Responder& res = *out;
+  void tokenize(const HttpRequest& req, Responder& res) {
     const json j = parse_body(req.body);
     const json* c = field(j, "content");
     if (!c) c = field(j, "text");
@@ -1448,8 +1483,7 @@ struct Api::Impl {
     send_json(res, 200, {{"tokens", tokens}, {"vocab_hash", vocab_hash}, {"n_vocab", n_vocab()}});
   }
 
-  void detokenize(const HttpRequest& req, std::shared_ptr<Responder> out) {
-    Responder& res = *out;
+  void detokenize(const HttpRequest& req, Responder& res) {
     const json j = parse_body(req.body);
     const json* t = field(j, "tokens");
     if (!t) throw bad("tokens", "is required");
@@ -1484,16 +1518,52 @@ struct Api::Impl {
                {"total_slots", sched.options().stateless_slots}});
   }
 
-  void list(Responder& res) {
+  void list(Responder& res, const Credential& who) {
+    require_admin(who, "listing sessions");
     json a = json::array();
     for (const auto& s : sched.list_sessions()) {
-      a.push_back(
-          {{"session", s.id}, {"pos", s.pos}, {"idle_s", s.idle_s}, {"kv_bytes", s.kv_bytes}});
+      a.push_back({{"session", s.id},
+                   {"owner", s.owner},
+                   {"pos", s.pos},
+                   {"idle_s", s.idle_s},
+                   {"kv_bytes", s.kv_bytes}});
     }
     send_json(res, 200,
               {{"sessions", a},
                {"kv_bytes_in_use", sched.kv_bytes_in_use()},
                {"kv_cap", sched.options().kv_cap_bytes}});
+  }
+
+  // Admin routes: the admin key; on a server without any key, a loopback --host instead (no
+  // one else can connect, unless a proxy on this host forwards to it: then set --admin-key).
+  void require_admin(const Credential& who, const std::string& what) const {
+    if (who.admin || (options.keys.empty() && options.loopback_only)) return;
+    std::string why;
+    if (options.keys.has_admin()) {
+      why = "needs the admin key";
+    } else if (!options.keys.empty()) {
+      why =
+          "needs an admin key, and this server has none (--admin-key, or 'admin' after a key "
+          "in --api-key-file)";
+    } else {
+      why = "needs an admin key: a server without keys allows it only on a loopback --host";
+    }
+    throw ApiError(403, "forbidden", what + " " + why);
+  }
+
+  // Who is calling: the credential whose key the Bearer header holds (401 when none matches),
+  // or the anonymous client when the server has no keys.
+  Credential authenticate(const HttpRequest& req) const {
+    if (options.keys.empty()) return {};
+    const std::string auth = req.header("authorization");
+    const std::string prefix = "Bearer ";
+    const Credential* who =
+        auth.rfind(prefix, 0) == 0 ? options.keys.find(auth.substr(prefix.size())) : nullptr;
+    if (!who) {
+      throw ApiError(401, "unauthorized",
+                     "a valid 'Authorization: Bearer <key>' header is required");
+    }
+    return *who;
   }
 };
 
@@ -1547,26 +1617,24 @@ void Api::Impl::route(const HttpRequest& req, const std::shared_ptr<CountingResp
     if (draining) throw ApiError(503, "unavailable", "the server is shutting down");
     return send_json(*res, 200, {{"status", "ok"}});
   }
-  if (!m.options.api_key.empty()) {
-    const std::string auth = req.header("authorization");
-    const std::string prefix = "Bearer ";
-    if (auth.rfind(prefix, 0) != 0 ||
-        !constant_time_equal(auth.substr(prefix.size()), m.options.api_key)) {
-      throw ApiError(401, "unauthorized",
-                     "a valid 'Authorization: Bearer <key>' header is required");
-    }
-  }
+  const Credential who = m.authenticate(req);
   if (p == "/metrics" && get) {
     return res->send(200, "text/plain; version=0.0.4", m.metrics.render());
   }
   if (p == "/v1/models" && get) return m.models(*res);
   if (p == "/props" && get) return m.props(*res);
   if (p == "/tandem/v1/info" && get) return m.info(*res);
-  if (p == "/tandem/v1/sessions" && get) return m.list(*res);
-  if (p == "/tokenize" && post) return m.offload(req, res, &Impl::tokenize);
-  if (p == "/detokenize" && post) return m.offload(req, res, &Impl::detokenize);
+  if (p == "/tandem/v1/sessions" && get) return m.list(*res, who);
+  if (p == "/tokenize" && post) {
+    return m.offload(req, res,
+                     [&m](const HttpRequest& r, ResponderPtr out) { m.tokenize(r, *out); });
+  }
+  if (p == "/detokenize" && post) {
+    return m.offload(req, res,
+                     [&m](const HttpRequest& r, ResponderPtr out) { m.detokenize(r, *out); });
+  }
   if (draining && post) throw ApiError(503, "unavailable", "the server is shutting down");
-  if (p == "/tandem/v1/sessions" && post) return m.create(req, *res);
+  if (p == "/tandem/v1/sessions" && post) return m.create(req, *res, who);
   const std::string prefix = "/tandem/v1/sessions/";
   if (p.rfind(prefix, 0) == 0) {
     std::string rest = p.substr(prefix.size());
@@ -1577,24 +1645,25 @@ void Api::Impl::route(const HttpRequest& req, const std::shared_ptr<CountingResp
     }
     if (is_step && post) {
       res->set_model_request();
-      return m.step(id, req, res);
+      return m.step(id, req, res, who);
     }
-    if (!is_step && req.method == "DELETE") {
-      if (!m.sched.close_session(id)) {
-        const std::string reason = m.sched.lost_reason(id);
-        throw ApiError(410, "session_lost", "session " + id + " is gone (" + reason + ")",
-                       {{"reason", reason}});
-      }
-      return send_json(*res, 200, {{"closed", true}});
-    }
+    if (!is_step && req.method == "DELETE") return m.close(id, *res, who);
     throw ApiError(405, "bad_method", req.method + " is not allowed on " + p);
   }
   if (post) {
-    res->set_model_request();
-    if (p == "/v1/completions") return m.offload(req, res, &Impl::openai_text);
-    if (p == "/v1/chat/completions") return m.offload(req, res, &Impl::openai_chat);
-    if (p == "/completion" || p == "/completions") return m.offload(req, res, &Impl::llama_cpp);
-    if (p == "/generate") return m.offload(req, res, &Impl::sglang);
+    static const std::pair<const char*, Dialect> kCompletions[] = {
+        {"/v1/completions", Dialect::OpenAiText},
+        {"/v1/chat/completions", Dialect::OpenAiChat},
+        {"/completion", Dialect::LlamaCpp},
+        {"/completions", Dialect::LlamaCpp},
+        {"/generate", Dialect::SgLang}};
+    for (const auto& [path, dialect] : kCompletions) {
+      if (p != path) continue;
+      res->set_model_request();
+      return m.offload(req, res, [&m, d = dialect, who](const HttpRequest& r, ResponderPtr out) {
+        m.completion(r, std::move(out), d, who);
+      });
+    }
   }
   throw ApiError(404, "not_found", "no such path: " + req.method + " " + p);
 }

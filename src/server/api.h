@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "server/auth.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
@@ -14,7 +15,12 @@
 namespace tandem::server {
 
 struct ApiOptions {
-  std::string api_key;     // empty: no auth
+  // Who may call (docs/server.md, "Keys and sessions"). Empty: no auth, every caller is one
+  // anonymous client.
+  KeyRing keys;
+  // Admin routes (listing sessions) without an admin key: allowed only when the server has no
+  // keys at all and binds a loopback address.
+  bool loopback_only = false;
   std::string model_name;  // what /v1/models reports
   int max_generate = 4096;
   int max_draft = 64;

@@ -1,12 +1,16 @@
 #include "server/scheduler.h"
 
+#include <fcntl.h>
+#include <sys/random.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
-#include <random>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
 
 #include "common/error.h"
-#include "common/splitmix.h"
 #include "model/model_config.h"
 #include "server/metrics.h"
 
@@ -15,10 +19,53 @@ namespace {
 
 constexpr size_t kLostMemory = 4096;  // how many lost session ids keep their reason
 
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
+constexpr size_t kIdBytes = 16;  // 128 bits from the OS CSPRNG per session id
+
+// Fills `out` from the kernel's CSPRNG: getrandom(2), or /dev/urandom where that call is missing.
+void os_random(uint8_t* out, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = getrandom(out + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r < 0 && errno == EINTR) {
+      continue;
+    } else if (r < 0 && errno == ENOSYS) {
+      break;
+    } else {
+      throw Error(std::string("getrandom failed: ") + std::strerror(errno));
+    }
+  }
+  if (got == n) return;
+  const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(std::string("cannot open /dev/urandom: ") + std::strerror(errno));
+  while (got < n) {
+    const ssize_t r = read(fd, out + got, n - got);
+    if (r <= 0 && !(r < 0 && errno == EINTR)) {
+      close(fd);
+      throw Error("cannot read /dev/urandom");
+    }
+    if (r > 0) got += static_cast<size_t>(r);
+  }
+  close(fd);
+}
+
+// A session id: 128 random bits as 32 lowercase hex digits. Nothing in it depends on any other
+// id, so holding ids of one's own tells nothing about anyone else's.
+std::string random_id_hex() {
+  uint8_t bytes[kIdBytes];
+  os_random(bytes, kIdBytes);
+  static const char digits[] = "0123456789abcdef";
+  std::string out(2 * kIdBytes, '0');
+  for (size_t i = 0; i < kIdBytes; ++i) {
+    out[2 * i] = digits[bytes[i] >> 4];
+    out[2 * i + 1] = digits[bytes[i] & 15];
+  }
+  return out;
+}
+
+double idle_seconds(Clock::time_point last_used, Clock::time_point now) {
+  return std::chrono::duration<double>(now - last_used).count();
 }
 
 }  // namespace
@@ -59,8 +106,11 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
   }
   slot_len_.assign(cp.n_seq, 0);
   slot_target_.assign(cp.n_seq, 0);
-  std::random_device rd;
-  id_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  if (options_.max_sessions_per_key <= 0 || options_.max_sessions_per_key > options_.max_sessions)
+    options_.max_sessions_per_key = options_.max_sessions;
+  if (options_.max_queue_per_key <= 0 || options_.max_queue_per_key > options_.max_queue)
+    options_.max_queue_per_key = options_.max_queue;
+  if (!(options_.evict_grace_s >= 0)) throw Error("--evict-grace must be 0 or more seconds");
   engine_ = std::thread([this] { engine_loop(); });
 }
 
@@ -77,37 +127,52 @@ Scheduler::~Scheduler() {
 // ---------------------------------------------------------------------------------------------
 // Sessions
 
-std::optional<std::string> Scheduler::create_session() {
+CreateResult Scheduler::create_session(const std::string& owner) {
   std::lock_guard lk(mu_);
-  if (draining_) return std::nullopt;
+  CreateResult out;
+  if (draining_) {
+    out.outcome = CreateResult::Outcome::Draining;
+    return out;
+  }
   expire_idle_locked();
-  if (free_session_slots_.empty()) {
-    // Evict the least recently used idle session.
-    Session* lru = nullptr;
-    for (auto& [id, s] : sessions_) {
-      if (!s.busy && (!lru || s.last_used < lru->last_used)) lru = &s;
+  // A quota equal to the slots is no quota: there the slots are the limit, and a full server
+  // evicts the requester's own idle sessions below.
+  if (options_.max_sessions_per_key < options_.max_sessions) {
+    const auto owned = std::count_if(sessions_.begin(), sessions_.end(),
+                                     [&](const auto& kv) { return kv.second.owner == owner; });
+    if (owned >= options_.max_sessions_per_key) {
+      out.outcome = CreateResult::Outcome::OverQuota;
+      return out;
     }
-    if (!lru) return std::nullopt;
-    evict_locked(*lru, "evicted");
+  }
+  if (free_session_slots_.empty()) {
+    Session* victim = eviction_victim_locked(owner, nullptr, false);
+    if (!victim) {
+      out.outcome = CreateResult::Outcome::NoRoom;
+      out.retry_after_s = std::max(1, seconds_until_evictable_locked(nullptr, false));
+      return out;
+    }
+    evict_locked(*victim, "evicted");
   }
   Session s;
+  s.owner = owner;
   s.slot = free_session_slots_.back();
   free_session_slots_.pop_back();
-  // Ids are unguessable (a salted counter through splitmix) so one device cannot step another's.
-  const uint64_t z = splitmix64_mix(id_salt_ + 0x9E3779B97F4A7C15ull * ++next_id_);
-  s.id = options_.session_prefix + hex64(z) + hex64(next_id_ ^ id_salt_);
+  do {
+    s.id = options_.session_prefix + random_id_hex();
+  } while (sessions_.count(s.id) || lost_.count(s.id));  // 2^-128: for form's sake
   slots_to_release_.push_back(s.slot);
-  const std::string id = s.id;
-  sessions_.emplace(id, std::move(s));
+  out.id = s.id;
+  sessions_.emplace(out.id, std::move(s));
   metrics_.sessions_open = static_cast<int64_t>(sessions_.size());
   wake_.notify_all();
-  return id;
+  return out;
 }
 
-bool Scheduler::close_session(const std::string& id) {
+bool Scheduler::close_session(const std::string& id, const std::string& owner) {
   std::lock_guard lk(mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return false;
+  if (it == sessions_.end() || it->second.owner != owner) return false;
   if (it->second.busy) {
     it->second.close_requested = true;  // the running step finishes, then the session goes
     return true;
@@ -116,10 +181,10 @@ bool Scheduler::close_session(const std::string& id) {
   return true;
 }
 
-std::string Scheduler::lost_reason(const std::string& id) const {
+std::string Scheduler::lost_reason(const std::string& id, const std::string& owner) const {
   std::lock_guard lk(mu_);
   auto it = lost_.find(id);
-  return it == lost_.end() ? "unknown" : it->second;
+  return it == lost_.end() || it->second.owner != owner ? "unknown" : it->second.reason;
 }
 
 std::vector<SessionInfo> Scheduler::list_sessions() const {
@@ -127,8 +192,7 @@ std::vector<SessionInfo> Scheduler::list_sessions() const {
   std::vector<SessionInfo> out;
   const auto now = Clock::now();
   for (const auto& [id, s] : sessions_) {
-    out.push_back({id, static_cast<int>(s.history.size()),
-                   std::chrono::duration<double>(now - s.last_used).count(),
+    out.push_back({id, s.owner, static_cast<int>(s.history.size()), idle_seconds(s.last_used, now),
                    static_cast<uint64_t>(slot_len_[s.slot]) * kv_bytes_per_token_});
   }
   std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.idle_s < b.idle_s; });
@@ -140,27 +204,38 @@ size_t Scheduler::open_sessions() const {
   return sessions_.size();
 }
 
-StepCheck Scheduler::begin_step(const std::string& id, int expected_pos, int rewind_to,
-                                std::span<const TokenId> append, int extra_tokens, int* pos,
-                                int* kv_len, std::vector<TokenId>* uncached) {
+StepCheck Scheduler::begin_step(const std::string& id, const std::string& owner, int expected_pos,
+                                int rewind_to, std::span<const TokenId> append, int extra_tokens,
+                                int* pos, int* kv_len, std::vector<TokenId>* uncached) {
   std::lock_guard lk(mu_);
   expire_idle_locked();
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return StepCheck::Lost;
+  if (it == sessions_.end() || it->second.owner != owner) return StepCheck::Lost;
   Session& s = it->second;
-  *pos = static_cast<int>(s.history.size());
+  const int length = static_cast<int>(s.history.size());
+  *pos = length;
   if (s.busy) return StepCheck::Busy;
-  if (rewind_to > *pos) return StepCheck::PositionMismatch;
-  if (rewind_to >= 0 && rewind_to < *pos) {
+  if (rewind_to > length) return StepCheck::PositionMismatch;
+  // Every check runs on the length after the cut before anything changes, so a refused step
+  // leaves the session exactly as it was.
+  const int kept = rewind_to >= 0 ? rewind_to : length;
+  if (expected_pos != kept) {
+    *pos = kept;
+    return StepCheck::PositionMismatch;
+  }
+  const size_t total =
+      static_cast<size_t>(kept) + append.size() + static_cast<size_t>(extra_tokens);
+  if (total > static_cast<size_t>(options_.n_ctx)) {
+    *pos = kept;
+    return StepCheck::TooLong;
+  }
+  s.cut_tail.assign(s.history.begin() + kept, s.history.end());
+  if (kept < length) {
     // The cache keeps the history but its last token (every step needs a logits row); the
     // slot itself is cut to kv_len when the step's job is admitted.
-    s.history.resize(rewind_to);
-    s.kv_len = std::min(s.kv_len, std::max(rewind_to - 1, 0));
-    *pos = rewind_to;
+    s.history.resize(kept);
+    s.kv_len = std::min(s.kv_len, std::max(kept - 1, 0));
   }
-  if (expected_pos != *pos) return StepCheck::PositionMismatch;
-  const size_t total = s.history.size() + append.size() + static_cast<size_t>(extra_tokens);
-  if (total > static_cast<size_t>(options_.n_ctx)) return StepCheck::TooLong;
   s.history.insert(s.history.end(), append.begin(), append.end());
   s.busy = true;
   s.last_used = Clock::now();
@@ -177,7 +252,11 @@ void Scheduler::abort_step(const std::string& id, int length) {
 }
 
 void Scheduler::end_unrun_step_locked(Session& s, int length) {
-  if (length >= s.kv_len && length <= static_cast<int>(s.history.size())) s.history.resize(length);
+  if (length >= s.kv_len && length <= static_cast<int>(s.history.size())) {
+    s.history.resize(length);
+    s.history.insert(s.history.end(), s.cut_tail.begin(), s.cut_tail.end());
+  }
+  s.cut_tail.clear();
   s.busy = false;
 }
 
@@ -198,11 +277,12 @@ void Scheduler::forget_locked(const std::string& id_ref, const char* reason) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   const int slot = it->second.slot;
+  std::string owner = std::move(it->second.owner);
   sessions_.erase(it);
   free_session_slots_.push_back(slot);
   slots_to_release_.push_back(slot);
   slot_target_[slot] = 0;
-  lost_[id] = reason;
+  lost_[id] = {reason, std::move(owner)};
   lost_order_.push_back(id);
   while (lost_order_.size() > kLostMemory) {
     lost_.erase(lost_order_.front());
@@ -231,16 +311,30 @@ void Scheduler::expire_idle_locked() {
 // ---------------------------------------------------------------------------------------------
 // Jobs
 
-bool Scheduler::submit(std::shared_ptr<Job> job) {
+bool Scheduler::submit(std::shared_ptr<Job> job, SubmitRefusal* why) {
+  auto refuse = [&](SubmitRefusal r) {
+    if (why) *why = r;
+    return false;
+  };
   {
     std::lock_guard lk(mu_);
-    if (draining_) return false;
-    if (pending_.size() + active_count_ >= static_cast<size_t>(options_.max_queue)) return false;
+    if (draining_) return refuse(SubmitRefusal::Draining);
+    if (pending_.size() + active_count_ >= static_cast<size_t>(options_.max_queue))
+      return refuse(SubmitRefusal::QueueFull);
+    if (!job->owner.empty()) {
+      auto& count = jobs_per_owner_[job->owner];
+      if (!count) count = std::make_shared<std::atomic<int>>(0);
+      if (count->load() >= options_.max_queue_per_key) return refuse(SubmitRefusal::KeyQuota);
+      ++*count;
+      // Given back when the job is destroyed, however it ended.
+      job->owner_ticket = std::shared_ptr<void>(nullptr, [count](void*) { --*count; });
+    }
     job->enqueued = Clock::now();
     pending_.push_back(std::move(job));
     metrics_.queue_length = static_cast<int64_t>(pending_.size() + active_count_);
   }
   wake_.notify_all();
+  if (why) *why = SubmitRefusal::None;
   return true;
 }
 
@@ -262,9 +356,39 @@ uint64_t Scheduler::kv_bytes_in_use() const {
   return kv_tokens_locked() * kv_bytes_per_token_;
 }
 
+Scheduler::Session* Scheduler::eviction_victim_locked(const std::string& requester,
+                                                      const Session* keep, bool holding_kv) {
+  const auto now = Clock::now();
+  Session* own = nullptr;
+  Session* other = nullptr;
+  for (auto& [id, s] : sessions_) {
+    if (s.busy || &s == keep || (holding_kv && slot_len_[s.slot] == 0)) continue;
+    if (s.owner == requester) {
+      if (!own || s.last_used < own->last_used) own = &s;
+    } else if (idle_seconds(s.last_used, now) >= options_.evict_grace_s) {
+      if (!other || s.last_used < other->last_used) other = &s;
+    }
+  }
+  return own ? own : other;
+}
+
+int Scheduler::seconds_until_evictable_locked(const Session* keep, bool holding_kv) const {
+  const auto now = Clock::now();
+  double soonest = -1;
+  for (const auto& [id, s] : sessions_) {
+    if (s.busy || &s == keep || (holding_kv && slot_len_[s.slot] == 0)) continue;
+    const double wait = options_.evict_grace_s - idle_seconds(s.last_used, now);
+    if (soonest < 0 || wait < soonest) soonest = wait;
+  }
+  if (soonest < 0) return 0;
+  return std::max(1, static_cast<int>(std::ceil(soonest)));
+}
+
 // Frees KV positions until `need_tokens` more fit under the cap: first cached prefixes of idle
-// stateless slots, then idle sessions, least recently used first. `keep` is never evicted.
-bool Scheduler::make_room_locked(uint64_t need_tokens, const Session* keep) {
+// stateless slots, then idle sessions as eviction_victim_locked picks them. `keep` is never
+// evicted.
+bool Scheduler::make_room_locked(uint64_t need_tokens, const Session* keep,
+                                 const std::string& requester, int* retry_after_s) {
   const uint64_t cap = options_.kv_cap_bytes / kv_bytes_per_token_;
   while (kv_tokens_locked() + need_tokens > cap) {
     StatelessSlot* lru_slot = nullptr;
@@ -279,16 +403,13 @@ bool Scheduler::make_room_locked(uint64_t need_tokens, const Session* keep) {
       slot_len_[lru_slot->slot] = 0;
       continue;
     }
-    Session* lru = nullptr;
-    for (auto& [id, s] : sessions_) {
-      if (!s.busy && &s != keep && slot_len_[s.slot] > 0 &&
-          (!lru || s.last_used < lru->last_used)) {
-        lru = &s;
-      }
+    Session* victim = eviction_victim_locked(requester, keep, true);
+    if (!victim) {
+      *retry_after_s = std::max(1, seconds_until_evictable_locked(keep, true));
+      return false;
     }
-    if (!lru) return false;
-    const int slot = lru->slot;
-    evict_locked(*lru, "evicted");
+    const int slot = victim->slot;
+    evict_locked(*victim, "evicted");
     ctx_->release(slot);
     slot_len_[slot] = 0;
   }
@@ -323,7 +444,7 @@ void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
       ctx_->truncate(s.slot, s.kv_len);
       slot_len_[s.slot] = ctx_->seq_length(s.slot);
       const uint64_t need = job->feed.size() + job->reserve_tokens;
-      if (need > cap_tokens || !make_room_locked(need, &s)) {
+      if (need > cap_tokens || !make_room_locked(need, &s, s.owner, &job->retry_after_s)) {
         end_unrun_step_locked(s, job->history_before);
         it = pending_.erase(it);
         ++metrics_.rejected_overload;
@@ -356,7 +477,7 @@ void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
       ctx_->truncate(best->slot, static_cast<int>(best_common));
       best->cached.resize(best_common);
       slot_len_[best->slot] = static_cast<int>(best_common);
-      if (need > cap_tokens || !make_room_locked(need, nullptr)) {
+      if (need > cap_tokens || !make_room_locked(need, nullptr, job->owner, &job->retry_after_s)) {
         best->busy = false;
         it = pending_.erase(it);
         ++metrics_.rejected_overload;

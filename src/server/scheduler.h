@@ -58,6 +58,15 @@ class Job {
   // Session jobs: the history's length before this step appended to it; a step refused before
   // it runs (no KV room) gives the history back to it, so that the same request can be retried.
   int history_before = -1;
+  // The credential that queued the job: its jobs queued or running count against
+  // --max-queue-per-key. Empty: counted in the total only.
+  std::string owner;
+  // Filled by the scheduler: the job's place in its owner's count, given back when the job ends.
+  std::shared_ptr<void> owner_ticket;
+  // Filled by the scheduler with a NoMemory failure: > 0 when room may appear by then (other
+  // clients' idle sessions pass their eviction grace), so the answer is 429 with Retry-After
+  // rather than 503.
+  int retry_after_s = 0;
 
   // Filled by the scheduler.
   int slot = -1;
@@ -98,10 +107,18 @@ struct SchedulerOptions {
   // Prepended to session ids, so a proxy in front of several replicas can route a session's
   // steps to the replica that holds it by the id alone (docs/deploy.md).
   std::string session_prefix;
+  // Fairness between credentials: sessions one may hold open, and jobs one may have queued or
+  // running. 0 or more than the totals: only the totals apply.
+  int max_sessions_per_key = 0;
+  int max_queue_per_key = 0;
+  // Another credential's idle session is never evicted before it has been idle this long (a
+  // requester's own idle sessions always may be).
+  double evict_grace_s = 60;
 };
 
 struct SessionInfo {
   std::string id;
+  std::string owner;
   int pos = 0;
   double idle_s = 0;
   uint64_t kv_bytes = 0;
@@ -109,6 +126,16 @@ struct SessionInfo {
 
 // Result of trying to start a step on a session.
 enum class StepCheck { Ok, Lost, Busy, PositionMismatch, TooLong };
+
+// Result of creating a session.
+struct CreateResult {
+  enum class Outcome { Ok, Draining, OverQuota, NoRoom } outcome = Outcome::Ok;
+  std::string id;         // Ok: the new session's id
+  int retry_after_s = 1;  // NoRoom: when an eviction may be allowed (a grace period ends)
+};
+
+// Why submit refused a job.
+enum class SubmitRefusal { None, Draining, QueueFull, KeyQuota };
 
 class Scheduler {
  public:
@@ -120,32 +147,38 @@ class Scheduler {
   uint64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
 
   // ---- sessions (any thread) ----
-  // Creates a session; nullopt when max_sessions are open and none is idle to evict.
-  std::optional<std::string> create_session();
-  // Closes a session; false when it was not open.
-  bool close_session(const std::string& id);
-  // Why a session is gone ("expired", "evicted", "closed", "unknown").
-  std::string lost_reason(const std::string& id) const;
+  // Sessions belong to the credential (`owner`) that created them: to any other, a session id
+  // is unknown -- every call below answers for it exactly as for an id never issued.
+  //
+  // Creates a session for `owner`. With no free slot it evicts the owner's own least recently
+  // used idle session, else another owner's idle for at least evict_grace_s, else NoRoom.
+  CreateResult create_session(const std::string& owner);
+  // Closes a session; false when `owner` has no such session open.
+  bool close_session(const std::string& id, const std::string& owner);
+  // Why a session of `owner` is gone ("expired", "evicted", "closed", "unknown").
+  std::string lost_reason(const std::string& id, const std::string& owner) const;
   std::vector<SessionInfo> list_sessions() const;
   size_t open_sessions() const;
 
   // Starts a step: cuts the history to `rewind_to` tokens when that is >= 0 (more than the
   // history holds is a PositionMismatch), checks the position, appends `append` to the history
-  // and marks the session busy. On Ok, `pos` is the new length and `kv_len` how much of it is
-  // cached; the caller then submits a job for the session (which must call finish_step through
-  // its hooks).
-  StepCheck begin_step(const std::string& id, int expected_pos, int rewind_to,
-                       std::span<const TokenId> append, int extra_tokens, int* pos, int* kv_len,
-                       std::vector<TokenId>* uncached);
-  // Undoes begin_step when its job could not be queued: the history goes back to `length`.
+  // and marks the session busy. A step refused here (any check but Ok) leaves the session as it
+  // was. On Ok, `pos` is the new length and `kv_len` how much of it is cached; the caller then
+  // submits a job for the session (which must call finish_step through its hooks).
+  StepCheck begin_step(const std::string& id, const std::string& owner, int expected_pos,
+                       int rewind_to, std::span<const TokenId> append, int extra_tokens, int* pos,
+                       int* kv_len, std::vector<TokenId>* uncached);
+  // Undoes begin_step when its job could not be queued: the history goes back to `length`
+  // (and to what a rewind cut off).
   void abort_step(const std::string& id, int length);
   // Engine thread, from a session job's hooks: the history grew by `produced` tokens (generated
   // or accepted drafts + correction).
   void session_append(const std::string& id, std::span<const TokenId> produced);
 
   // ---- jobs (any thread) ----
-  // Queues a job. False when the queue is full (429) or the scheduler is draining.
-  bool submit(std::shared_ptr<Job> job);
+  // Queues a job. False when the queue is full, the job's owner has max_queue_per_key jobs
+  // queued or running (429 both), or the scheduler is draining; `why` says which.
+  bool submit(std::shared_ptr<Job> job, SubmitRefusal* why = nullptr);
   size_t queue_length() const;
 
   // Stops taking jobs, runs what is queued to the end, then returns.
@@ -155,8 +188,11 @@ class Scheduler {
  private:
   struct Session {
     std::string id;
+    std::string owner;  // the credential that created it
     int slot = -1;
     std::vector<TokenId> history;
+    // What the running step's rewind cut off the history; a step that never runs puts it back.
+    std::vector<TokenId> cut_tail;
     int kv_len = 0;  // history[0, kv_len) is in the slot's cache
     bool busy = false;
     bool close_requested = false;
@@ -171,7 +207,18 @@ class Scheduler {
 
   void engine_loop();
   void admit_locked(std::vector<std::shared_ptr<Job>>& admitted);
-  bool make_room_locked(uint64_t need_tokens, const Session* keep);
+  // Frees KV room for `requester`'s job; on false, `*retry_after_s` (at least 1) says when an
+  // eviction may be allowed.
+  bool make_room_locked(uint64_t need_tokens, const Session* keep, const std::string& requester,
+                        int* retry_after_s);
+  // The session to evict for `requester`: its own least recently used idle session, else the
+  // least recently used idle session of another owner idle for at least evict_grace_s. `keep`
+  // and busy sessions never qualify; with `holding_kv`, only sessions with cached tokens do.
+  Session* eviction_victim_locked(const std::string& requester, const Session* keep,
+                                  bool holding_kv);
+  // Seconds until some other owner's idle session passes the grace period (at least 1), or 0
+  // when none is idle.
+  int seconds_until_evictable_locked(const Session* keep, bool holding_kv) const;
   // Ends a step of `s` that will not run: the session takes its next step, and its history goes
   // back to `length` when that is a length it can go back to (-1: keeps what was appended).
   void end_unrun_step_locked(Session& s, int length);
@@ -199,7 +246,11 @@ class Scheduler {
   bool draining_ = false;
   bool stop_ = false;
   std::unordered_map<std::string, Session> sessions_;
-  std::unordered_map<std::string, std::string> lost_;  // id -> reason, bounded
+  struct Lost {
+    std::string reason;
+    std::string owner;  // only its owner learns why; to anyone else the id is unknown
+  };
+  std::unordered_map<std::string, Lost> lost_;  // bounded (kLostMemory)
   std::deque<std::string> lost_order_;
   std::vector<int> free_session_slots_;
   std::vector<StatelessSlot> stateless_;
@@ -207,8 +258,8 @@ class Scheduler {
   std::vector<int> slot_target_;  // [n_slots] the most a running job may grow its slot to
   std::vector<int> slots_to_release_;  // freed slots whose cache the engine thread must drop
   Clock::time_point last_expiry_ = Clock::now();
-  uint64_t next_id_ = 0;
-  uint64_t id_salt_ = 0;
+  // Jobs queued or running per owner (entries are never erased: owners are credential names).
+  std::unordered_map<std::string, std::shared_ptr<std::atomic<int>>> jobs_per_owner_;
   std::thread engine_;
 };
 
