@@ -199,21 +199,26 @@ class Server:
             pass
         return 0
 
-    def stop(self):
+    def stop(self, grace_s=15):
+        """SIGTERM, then SIGKILL after grace_s. True when SIGTERM alone stopped it."""
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=15)
+                self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                return False
+        return True
 
     def restart(self):
-        self.stop()
+        """Returns a note when SIGTERM did not stop the wedged server within 5 s."""
+        stopped = self.stop(grace_s=5)
         self.restarts += 1
         # The same port: a device reconnects where the server was.
         if not self.start(self.auth_args, self.port):
             raise RuntimeError("the server did not come back after a restart; see " + self.log_path)
+        return "" if stopped else " (SIGTERM did not stop it within 5 s: SIGKILL)"
 
 
 def start_with_two_clients(server):
@@ -636,14 +641,15 @@ def attack_streams(s):
     body = json.dumps({"text": "Once upon a time", "stream": True,
                        "sampling_params": {"max_new_tokens": 4096, "temperature": 0,
                                            "ignore_eos": True}}).encode()
+    # The slow reader first, so that it holds one of the stateless slots (--parallel 2).
+    slow = raw_socket(s.server.port, rcvbuf=4096)
+    slow.sendall(raw_request("/generate", body, s.mallory))
+    slow.settimeout(1.0)
     idle = []
     for _ in range(2):
         sock = raw_socket(s.server.port, rcvbuf=4096)
         sock.sendall(raw_request("/generate", body, s.mallory))
         idle.append(sock)
-    slow = raw_socket(s.server.port, rcvbuf=4096)
-    slow.sendall(raw_request("/generate", body, s.mallory))
-    slow.settimeout(1.0)
     got, t0, ended = 0, time.monotonic(), False
     while time.monotonic() - t0 < 25:
         try:
@@ -817,10 +823,10 @@ class Suite:
     def run_attack(self, name, fn, pause_honest=False):
         restarted = []
         if not self.quiet():
-            restarted.append("before: wedged or dead")
-            self.server.restart()
+            restarted.append("before: wedged or dead" + self.server.restart())
         self.restart_notes = []
         self.monitor.reset()
+        rss_start = self.server.rss()
         t0 = time.monotonic()
         honest = HonestRun(self.server.port, self.honest, self.prompt,
                            pause_after=4 if pause_honest else None)
@@ -865,8 +871,7 @@ class Suite:
         if rss_peak > self.rss_cap:
             failures.append(f"RSS peak {rss_peak / MIB:.0f} MiB > cap {self.rss_cap / MIB:.0f} MiB")
         if not alive or not self.quiet():
-            restarted.append("after: wedged or dead")
-            self.server.restart()
+            restarted.append("after: wedged or dead" + self.server.restart())
         restarted += [f"mid-attack ({w})" for w in self.restart_notes]
         return {
             "attack": name, "outcome": result["outcome"], "passed": not failures,
@@ -874,6 +879,7 @@ class Suite:
             "honest_p99_ms": None if math.isnan(honest_p99) else round(honest_p99 * 1000, 1),
             "baseline_p99_ms": round(self.base_p99 * 1000, 1), "honest_equal": equal,
             "honest_retries": honest.retries, "rss_peak_mib": round(rss_peak / MIB),
+            "rss_start_mib": round(rss_start / MIB),
             "rss_cap_mib": round(self.rss_cap / MIB), "restarted": restarted,
             "seconds": round(time.monotonic() - t0, 1)}
 
@@ -885,7 +891,7 @@ def fmt_row(r):
         outcome += " [server restarted " + ", ".join(r["restarted"]) + "]"
     return [r["attack"], outcome, f"{r['health_max_s']:.2f} s",
             f"{p} ms ({r['baseline_p99_ms']:.0f} ms)", "yes" if r["honest_equal"] else "NO",
-            f"{r['rss_peak_mib']} MiB (cap {r['rss_cap_mib']})"]
+            f"{r['rss_peak_mib']} MiB (start {r['rss_start_mib']}, cap {r['rss_cap_mib']})"]
 
 
 HEADER = ["attack", "outcome", "/health max", "honest p99 (baseline)", "honest output equal",
