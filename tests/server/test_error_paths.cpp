@@ -167,9 +167,10 @@ TEST(ServerErrorPaths, ConcurrentStepIs409SessionBusy) {
   EXPECT_EQ(next.status, 200) << next.body;
 }
 
-// --max-sessions 2 with both sessions running a step: a create cannot evict either and gets 503
-// with Retry-After; once they are idle, a create evicts one again.
-TEST(ServerErrorPaths, CreateWhileAllSessionsBusyIs503) {
+// --max-sessions 2 with both sessions running a step: a create cannot evict either and gets 429
+// `overloaded` with Retry-After (issue 21: "otherwise 429"); once they are idle, a create by
+// their own client evicts one again.
+TEST(ServerErrorPaths, CreateWhileAllSessionsBusyIs429) {
   ServerProcess server(model_path(),
                        {"-c", "4096", "--max-generate", "4000", "--max-sessions", "2"});
   TestClient c = server.client();
@@ -182,8 +183,8 @@ TEST(ServerErrorPaths, CreateWhileAllSessionsBusyIs503) {
     const HttpResult refused = c.post("/tandem/v1/sessions", json::object());
     const bool both_still_running = !run_a.done && !run_b.done;
     if (both_still_running) {
-      EXPECT_EQ(refused.status, 503) << refused.body;
-      EXPECT_EQ(error_code(refused), "unavailable") << refused.body;
+      EXPECT_EQ(refused.status, 429) << refused.body;
+      EXPECT_EQ(error_code(refused), "overloaded") << refused.body;
       EXPECT_EQ(refused.retry_after, "1");
     } else {
       ADD_FAILURE() << "a long step ended before the create was answered; raise its length";
