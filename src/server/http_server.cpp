@@ -371,6 +371,10 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   void on_write(beast::error_code ec) {
     writing_ = false;
+    if (closed_) {  // closed while the write was under way (hang-up, slow reader)
+      queue_.clear();
+      return;
+    }
     if (ec == beast::error::timeout) shared_->count(&Metrics::slow_clients_dropped);
     if (ec) return close();
     const bool last = queue_.front().last;
@@ -388,7 +392,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     if (closed_) return;
     closed_ = true;
     set_busy(false);
-    queue_.clear();
+    if (!writing_) queue_.clear();  // else the pending write still reads its front; on_write clears
     recheck_.cancel();
     beast::error_code ec;
     lowest().socket().shutdown(tcp::socket::shutdown_both, ec);
