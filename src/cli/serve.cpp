@@ -92,6 +92,33 @@ class ServeCommand : public Command {
     sub_->add_option("--max-connections", http_.max_connections, "Open connections at most")
         ->check(CLI::Range(1, 1 << 20))
         ->capture_default_str();
+    sub_->add_option("--max-connections-per-ip", http_.max_connections_per_ip,
+                     "Open connections from one address (IPv6: one /64) at most; 0: no cap "
+                     "(behind a proxy, where every client has the proxy's address)")
+        ->check(CLI::Range(0, 1 << 20))
+        ->capture_default_str();
+    sub_->add_option("--header-timeout", http_.header_timeout_s,
+                     "Seconds a request's headers may take (from the connection's start, or from "
+                     "the first byte of a later request on a keep-alive connection)")
+        ->check(CLI::Range(0.1, 3600.0))
+        ->capture_default_str();
+    sub_->add_option("--body-timeout", http_.body_timeout_s,
+                     "Seconds a request's body may take after its headers")
+        ->check(CLI::Range(0.1, 3600.0))
+        ->capture_default_str();
+    sub_->add_option("--keep-alive-timeout", http_.idle_timeout_s,
+                     "Seconds an idle keep-alive connection is kept open")
+        ->check(CLI::Range(0.1, 86400.0))
+        ->capture_default_str();
+    sub_->add_option("--max-write-queue", http_.max_write_queue_bytes,
+                     "Bytes of answer waiting for one client at most; a client that reads slower "
+                     "is dropped")
+        ->check(CLI::Range(size_t{4096}, size_t{1} << 34))
+        ->capture_default_str();
+    sub_->add_option("--drain-timeout", drain_timeout_s_,
+                     "Seconds SIGTERM lets running work finish; what is left is answered 503")
+        ->check(CLI::Range(0.0, 86400.0))
+        ->capture_default_str();
     sub_->add_option("--max-generate", api_.max_generate, "Tokens one request may generate")
         ->check(CLI::Range(1, 1 << 20))
         ->capture_default_str();
@@ -135,6 +162,9 @@ class ServeCommand : public Command {
       throw Error("TLS needs both --ssl-cert and --ssl-key");
     }
 
+    // Declared before the I/O context: handlers that the context destroys last still count
+    // connections and requests in it.
+    Metrics metrics;
     asio::io_context io;
     std::unique_ptr<asio::ssl::context> ssl;
     if (!ssl_cert_.empty()) {
@@ -150,7 +180,6 @@ class ServeCommand : public Command {
       http_.ssl = ssl.get();
     }
 
-    Metrics metrics;
     std::atomic<Api*> api{nullptr};
     HttpServer server(
         io, http_,
@@ -164,7 +193,7 @@ class ServeCommand : public Command {
                            : "{\"error\":{\"code\":\"unavailable\",\"message\":\"loading model\"}}",
                     {{"Retry-After", "1"}});
         },
-        &metrics.connections);
+        &metrics);
     server.start();
     const char* scheme = ssl ? "https" : "http";
     std::fprintf(stderr, "tandem serve: listening on %s://%s:%d\n", scheme, http_.host.c_str(),
@@ -202,18 +231,26 @@ class ServeCommand : public Command {
       rc = 1;
     }
 
-    // SIGTERM/SIGINT: stop accepting, finish every queued step, let the answers go out, exit.
+    // SIGTERM/SIGINT: stop accepting, let queued and running work finish for at most
+    // --drain-timeout (then it is answered 503), let the answers go out, exit 0.
     asio::signal_set signals(io, SIGINT, SIGTERM);
     std::thread drainer;
     signals.async_wait([&](const boost::system::error_code& ec, int sig) {
       if (ec) return;
-      std::fprintf(stderr, "tandem serve: signal %d, draining\n", sig);
+      std::fprintf(stderr, "tandem serve: signal %d, draining (at most %.1f s)\n", sig,
+                   drain_timeout_s_);
+      std::fflush(stderr);
       if (api_impl) api_impl->set_draining();
       server.stop_accepting();
       drainer = std::thread([&] {
-        if (scheduler) scheduler->drain();
-        // Answers are posted to the I/O threads; give them a moment to be written.
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        if (scheduler && !scheduler->drain(drain_timeout_s_)) {
+          std::fprintf(stderr,
+                       "tandem serve: --drain-timeout passed; unfinished work answered 503\n");
+        }
+        // Answers are posted to the I/O threads: wait (bounded) until they are written.
+        if (!server.finish_answers(5.0)) {
+          std::fprintf(stderr, "tandem serve: some answers were not written within 5 s\n");
+        }
         work.reset();
         io.stop();
       });
@@ -272,6 +309,7 @@ class ServeCommand : public Command {
   SchedulerOptions sched_;
   ApiOptions api_;
   int http_threads_ = 2;
+  double drain_timeout_s_ = 30;
   bool no_repack_ = false;
 };
 

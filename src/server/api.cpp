@@ -427,6 +427,10 @@ class StepJob : public Job {
     return false;
   }
 
+  // A step whose client hung up is dropped, queued or running (the scheduler rolls the
+  // session's history back, so the device can send the step again).
+  bool abandoned() const override { return !res_->alive(); }
+
   void on_finish(JobFailure failure, const std::string& message) override {
     metrics_.step_seconds.observe(std::chrono::duration<double>(Clock::now() - enqueued).count());
     if (failure == JobFailure::NoMemory && retry_after_s > 0) {
@@ -632,12 +636,11 @@ class CompletionJob : public Job {
     if (req_.stream) flush_text(false);
   }
 
+  // Streaming or not, a request whose client hung up is dropped, queued or running.
+  bool abandoned() const override { return !res_->alive(); }
+
   bool on_feed_done() override {
     if (!finish_.empty()) return false;
-    if (!res_->alive() && req_.stream) {
-      cancelled = true;
-      return false;
-    }
     if (static_cast<int>(generated_.size()) >= req_.max_tokens) {
       finish_ = "length";
       return false;

@@ -4,16 +4,23 @@
 #include <optional>
 #include <utility>
 
+#include <poll.h>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+
 #include <cctype>
+#include <chrono>
 #include <deque>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
 
 #include "common/error.h"
+#include "server/metrics.h"
 
 namespace tandem::server {
 
@@ -77,28 +84,111 @@ std::string chunk(const std::string& data) {
   return size + data + "\r\n";
 }
 
+// Open connections per client address, for --max-connections-per-ip. IPv6 clients count per /64:
+// one host usually holds a whole /64 and could otherwise open a connection from each address.
+class AddressTable {
+ public:
+  explicit AddressTable(int cap) : cap_(cap) {}
+
+  static std::string key_of(const tcp::endpoint& ep) {
+    asio::ip::address a = ep.address();
+    if (a.is_v6() && a.to_v6().is_v4_mapped())
+      a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+    if (a.is_v4()) return a.to_string();
+    auto bytes = a.to_v6().to_bytes();
+    std::fill(bytes.begin() + 8, bytes.end(), 0);
+    return asio::ip::address_v6(bytes).to_string() + "/64";
+  }
+  bool try_acquire(const std::string& key) {
+    if (cap_ <= 0) return true;
+    std::lock_guard lk(mu_);
+    int& n = counts_[key];
+    if (n >= cap_) return false;
+    ++n;
+    return true;
+  }
+  void release(const std::string& key) {
+    if (cap_ <= 0) return;
+    std::lock_guard lk(mu_);
+    auto it = counts_.find(key);
+    if (it != counts_.end() && --it->second <= 0) counts_.erase(it);
+  }
+
+ private:
+  const int cap_;
+  std::mutex mu_;
+  std::unordered_map<std::string, int> counts_;
+};
+
+// What every connection of one server shares. Connections hold it by shared_ptr, so it outlives
+// the HttpServer when a connection's last handler runs late.
+struct Shared {
+  Shared(const HttpServerOptions& o, HttpHandler h, Metrics* m)
+      : options(o), handler(std::move(h)), metrics(m), addresses(o.max_connections_per_ip) {}
+  void count(std::atomic<uint64_t> Metrics::*counter) {
+    if (metrics) ++(metrics->*counter);
+  }
+
+  const HttpServerOptions options;
+  const HttpHandler handler;
+  Metrics* const metrics;
+  AddressTable addresses;
+  std::atomic<int64_t> open{0};      // connections
+  std::atomic<int64_t> busy{0};      // connections with a request being answered
+  std::atomic<bool> closing{false};  // shutdown: no more keep-alive
+};
+
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+// What the peer of a socket did, seen without reading: nothing, sent bytes, or hung up (shut
+// down its side, reset). POLLRDHUP reports a hang-up even behind unread bytes.
+enum class Peer { Quiet, Sent, Gone };
+
+Peer peer_state(int fd) {
+  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
+  if (::poll(&p, 1, 0) <= 0) return Peer::Quiet;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return Peer::Gone;
+  return (p.revents & POLLIN) ? Peer::Sent : Peer::Quiet;
+}
+
 // One client connection over Stream (a tcp_stream or an ssl_stream of one). Requests are read
-// one at a time; the next is read once the answer to the previous one has been written.
+// one at a time; the next is read once the answer to the previous one has been written. While a
+// request is being answered the connection watches its socket, so that a client that hangs up
+// is noticed (Responder::alive() turns false and the job is dropped) before any byte is written.
+//
+// Deadlines: headers within header_timeout_s of the connection's start (or of the first byte of
+// a later request), the body within body_timeout_s of the headers; idle keep-alive connections
+// wait idle_timeout_s for that first byte.
 template <class Stream>
 class Connection : public std::enable_shared_from_this<Connection<Stream>> {
  public:
-  Connection(Stream stream, const HttpServerOptions& options, const HttpHandler& handler,
-             std::atomic<int64_t>* gauge)
-      : stream_(std::move(stream)), options_(options), handler_(handler), gauge_(gauge) {
-    if (gauge_) ++*gauge_;
-  }
+  Connection(Stream stream, std::shared_ptr<Shared> shared, std::string address)
+      : stream_(std::move(stream)),
+        shared_(std::move(shared)),
+        options_(shared_->options),
+        address_(std::move(address)),
+        recheck_(stream_.get_executor()) {}
   ~Connection() {
-    if (gauge_) --*gauge_;
+    set_busy(false);
+    shared_->addresses.release(address_);
+    --shared_->open;
+    if (shared_->metrics) --shared_->metrics->connections;
   }
 
   void start() {
+    deadline_ = std::chrono::steady_clock::now() + seconds(options_.header_timeout_s);
     if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
-      read_next();
+      read_request();
     } else {
-      lowest().expires_after(std::chrono::seconds(30));
+      lowest().expires_at(deadline_);
       stream_.async_handshake(asio::ssl::stream_base::server,
                               [self = this->shared_from_this()](beast::error_code ec) {
-                                if (!ec) self->read_next();
+                                if (ec == beast::error::timeout)
+                                  self->shared_->count(&Metrics::header_timeouts);
+                                if (ec) return self->close();
+                                self->read_request();
                               });
     }
   }
@@ -109,7 +199,22 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     queue_.push_back({std::move(bytes), last});
     if (!writing_) write_next();
   }
-  bool closed() const { return closed_; }
+  // Any thread: accounts `n` bytes about to be queued. False (and the connection is dropped)
+  // when the queue would go over the cap; one piece alone is always taken.
+  bool reserve(size_t n) {
+    const size_t before = queued_bytes_.fetch_add(n);
+    if (before == 0 || before + n <= options_.max_write_queue_bytes) return true;
+    if (!dropped_.exchange(true)) {
+      asio::post(executor(), [self = this->shared_from_this()] {
+        self->shared_->count(&Metrics::slow_clients_dropped);
+        self->close();
+      });
+    }
+    return false;
+  }
+  // Any thread: the client is gone (closed, hung up, or dropped as too slow).
+  bool gone() const { return closed_ || dropped_; }
+  bool keep_alive() const { return keep_alive_; }
   asio::any_io_executor executor() { return stream_.get_executor(); }
 
  private:
@@ -121,18 +226,46 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
 
-  void read_next() {
+  // The headers of a request, by deadline_.
+  void read_request() {
     parser_.emplace();
     parser_->body_limit(options_.max_body_bytes);
     parser_->header_limit(16 * 1024);
-    lowest().expires_after(
-        std::chrono::milliseconds(static_cast<int64_t>(options_.idle_timeout_s * 1000)));
-    http::async_read(
+    lowest().expires_at(deadline_);
+    http::async_read_header(
         stream_, buffer_, *parser_,
-        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
-  void on_read(beast::error_code ec) {
+  // Keep-alive: waits (idle timeout) for the first byte of the next request, then gives the
+  // whole header the header deadline.
+  void await_next_request() {
+    if (buffer_.size() > 0) {  // pipelined: it is here already
+      deadline_ = std::chrono::steady_clock::now() + seconds(options_.header_timeout_s);
+      return read_request();
+    }
+    lowest().expires_after(seconds(options_.idle_timeout_s));
+    stream_.async_read_some(buffer_.prepare(4096), [self = this->shared_from_this()](
+                                                       beast::error_code ec, size_t n) {
+      if (ec) return self->close();  // idle timeout, end of stream, reset
+      self->buffer_.commit(n);
+      self->deadline_ = std::chrono::steady_clock::now() + seconds(self->options_.header_timeout_s);
+      self->read_request();
+    });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec) return on_read_error(ec, &Metrics::header_timeouts);
+    if (parser_->is_done()) return on_read();
+    lowest().expires_after(seconds(options_.body_timeout_s));
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                       if (ec) return self->on_read_error(ec, &Metrics::body_timeouts);
+                       self->on_read();
+                     });
+  }
+
+  void on_read_error(beast::error_code ec, std::atomic<uint64_t> Metrics::*timeouts) {
     if (ec == http::error::body_limit) {
       keep_alive_ = false;
       respond_now(413,
@@ -151,10 +284,15 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
                       ec.message() + "\"}}");
       return;
     }
-    if (ec) return close();  // timeout, end of stream, reset
+    // A deadline passed (slowloris: too slow to be worth an answer), end of stream, reset.
+    if (ec == beast::error::timeout) shared_->count(timeouts);
+    close();
+  }
+
+  void on_read() {
     lowest().expires_never();
     auto msg = parser_->release();
-    keep_alive_ = msg.keep_alive();
+    keep_alive_ = msg.keep_alive() && !shared_->closing;
     HttpRequest req;
     req.method = std::string(msg.method_string());
     std::string target(msg.target());
@@ -167,9 +305,11 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
       req.headers[name] = std::string(f.value());
     }
     req.body = std::move(msg.body());
+    set_busy(true);
+    watch_client();
     auto responder = std::make_shared<ConnResponder>(this->shared_from_this());
     try {
-      handler_(req, responder);
+      shared_->handler(req, responder);
     } catch (const std::exception& e) {
       responder->send(500, "application/json",
                       std::string("{\"error\":{\"code\":\"internal\",\"message\":\"") +
@@ -177,15 +317,53 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     }
   }
 
+  void set_busy(bool busy) {
+    if (busy == busy_) return;
+    busy_ = busy;
+    busy ? ++shared_->busy : --shared_->busy;
+  }
+
+  // While a request is answered: wakes when the socket turns readable. Quiet or a hang-up is
+  // clear at once; bytes (a pipelined request, a TLS alert) may still be followed by a hang-up,
+  // so those are looked at again every second until the answer is written.
+  void watch_client() {
+    if (watching_ || closed_) return;
+    watching_ = true;
+    lowest().socket().async_wait(tcp::socket::wait_read,
+                                 [self = this->shared_from_this()](beast::error_code ec) {
+                                   self->watching_ = false;
+                                   if (!ec) self->look_at_client();
+                                 });
+  }
+
+  void look_at_client() {
+    if (!busy_ || closed_) return;
+    switch (peer_state(lowest().socket().native_handle())) {
+      case Peer::Gone:
+        shared_->count(&Metrics::client_disconnects);
+        return close();
+      case Peer::Quiet:
+        return watch_client();
+      case Peer::Sent:
+        recheck_.expires_after(std::chrono::seconds(1));
+        recheck_.async_wait([self = this->shared_from_this()](beast::error_code ec) {
+          if (!ec) self->look_at_client();
+        });
+        return;
+    }
+  }
+
   void respond_now(int status, std::string body) {
     const std::string len = std::to_string(body.size());
-    enqueue(head(status, "application/json", {}, keep_alive_, &len) + body, true);
+    std::string bytes = head(status, "application/json", {}, keep_alive_, &len) + body;
+    reserve(bytes.size());
+    set_busy(true);
+    enqueue(std::move(bytes), true);
   }
 
   void write_next() {
     writing_ = true;
-    lowest().expires_after(
-        std::chrono::milliseconds(static_cast<int64_t>(options_.write_timeout_s * 1000)));
+    lowest().expires_after(seconds(options_.write_timeout_s));
     asio::async_write(
         stream_, asio::buffer(queue_.front().bytes),
         [self = this->shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
@@ -193,42 +371,50 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   void on_write(beast::error_code ec) {
     writing_ = false;
+    if (closed_) {  // closed while the write was under way (hang-up, slow reader)
+      queue_.clear();
+      return;
+    }
+    if (ec == beast::error::timeout) shared_->count(&Metrics::slow_clients_dropped);
     if (ec) return close();
     const bool last = queue_.front().last;
+    queued_bytes_ -= queue_.front().bytes.size();
     queue_.pop_front();
     if (!queue_.empty()) return write_next();
     lowest().expires_never();
-    if (last) {
-      if (keep_alive_) {
-        read_next();
-      } else {
-        close();
-      }
-    }
+    if (!last) return;
+    set_busy(false);
+    if (keep_alive_ && !shared_->closing) return await_next_request();
+    close();
   }
 
   void close() {
     if (closed_) return;
     closed_ = true;
-    queue_.clear();
+    set_busy(false);
+    if (!writing_) queue_.clear();  // else the pending write still reads its front; on_write clears
+    recheck_.cancel();
     beast::error_code ec;
     lowest().socket().shutdown(tcp::socket::shutdown_both, ec);
     lowest().close();
   }
 
   Stream stream_;
+  std::shared_ptr<Shared> shared_;
   const HttpServerOptions& options_;
-  const HttpHandler& handler_;
-  std::atomic<int64_t>* gauge_;
+  const std::string address_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::chrono::steady_clock::time_point deadline_;  // for the current request's headers
   std::deque<Pending> queue_;
+  asio::steady_timer recheck_;
+  std::atomic<size_t> queued_bytes_{0};  // in queue_ or posted towards it
+  std::atomic<bool> closed_{false};      // written on the strand, read anywhere
+  std::atomic<bool> dropped_{false};     // over the write queue cap; closing
+  std::atomic<bool> keep_alive_{true};
   bool writing_ = false;
-  bool closed_ = false;
-  bool keep_alive_ = true;
-
- public:
-  bool keep_alive() const { return keep_alive_; }
+  bool busy_ = false;      // a request is being answered
+  bool watching_ = false;  // an async_wait on the socket is pending
 };
 
 // Hands a handler's answer to the connection's strand, from any thread.
@@ -260,41 +446,54 @@ class Connection<Stream>::ConnResponder : public Responder {
     post(head(status, content_type, headers, conn_->keep_alive(), nullptr), false);
   }
   bool write(std::string data) override {
-    if (!streaming_ || done_ || *gone_) return false;
-    if (!data.empty()) post(chunk(data), false);
-    return !*gone_;
+    if (!streaming_ || done_ || conn_->gone()) return false;
+    if (!data.empty() && !post(chunk(data), false)) return false;
+    return !conn_->gone();
   }
   void end() override {
     if (!streaming_ || done_) return;
     done_ = true;
     post("0\r\n\r\n", true);
   }
-  bool alive() const override { return !*gone_; }
+  bool alive() const override { return !conn_->gone(); }
 
  private:
-  void post(std::string bytes, bool last) {
-    asio::post(conn_->executor(),
-               [conn = conn_, bytes = std::move(bytes), last, gone = gone_]() mutable {
-                 if (conn->closed()) {
-                   *gone = true;
-                   return;
-                 }
-                 conn->enqueue(std::move(bytes), last);
-               });
+  bool post(std::string bytes, bool last) {
+    if (conn_->gone() || !conn_->reserve(bytes.size())) return false;
+    asio::post(conn_->executor(), [conn = conn_, bytes = std::move(bytes), last]() mutable {
+      conn->enqueue(std::move(bytes), last);
+    });
+    return true;
   }
 
   std::shared_ptr<Connection> conn_;
-  // Set on the strand once the connection is found closed; read from the producer's thread.
-  std::shared_ptr<std::atomic<bool>> gone_ = std::make_shared<std::atomic<bool>>(false);
   bool done_ = false;
   bool streaming_ = false;
 };
 
+// A refusal written straight to a fresh socket (it fits the socket's buffer; never blocks), then
+// the socket is closed.
+void refuse(tcp::socket& socket, const std::string& message) {
+  const std::string body = "{\"error\":{\"code\":\"unavailable\",\"message\":\"" + message + "\"}}";
+  const std::string bytes =
+      "HTTP/1.1 503 Service Unavailable\r\nServer: tandem\r\nRetry-After: 1\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  beast::error_code ec;
+  socket.non_blocking(true, ec);
+  asio::write(socket, asio::buffer(bytes), ec);
+  socket.shutdown(tcp::socket::shutdown_send, ec);
+  socket.close(ec);
+}
+
 }  // namespace
 
 struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
-  Impl(asio::io_context& io, const HttpServerOptions& o, HttpHandler h, std::atomic<int64_t>* g)
-      : io(io), options(o), handler(std::move(h)), gauge(g), acceptor(asio::make_strand(io)) {}
+  Impl(asio::io_context& io, const HttpServerOptions& o, HttpHandler h, Metrics* m)
+      : io(io),
+        options(o),
+        shared(std::make_shared<Shared>(o, std::move(h), m)),
+        acceptor(asio::make_strand(io)) {}
 
   void accept() {
     acceptor.async_accept(asio::make_strand(io),
@@ -307,40 +506,43 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   }
 
   void on_accept(tcp::socket socket) {
-    if (gauge && *gauge >= options.max_connections) {
-      static const std::string busy =
-          "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
-          "Content-Length: 71\r\nConnection: close\r\n\r\n"
-          "{\"error\":{\"code\":\"unavailable\",\"message\":\"too many open connections\"}}";
-      beast::error_code ec;
-      asio::write(socket, asio::buffer(busy), ec);
-      socket.close(ec);
-      return;
+    if (shared->open >= options.max_connections) {
+      shared->count(&Metrics::refused_connections_total);
+      return refuse(socket, "too many open connections");
     }
     beast::error_code ec;
+    const tcp::endpoint peer = socket.remote_endpoint(ec);
+    if (ec) return;  // already gone
+    std::string address = AddressTable::key_of(peer);
+    if (!shared->addresses.try_acquire(address)) {
+      shared->count(&Metrics::refused_connections_per_ip);
+      return refuse(socket, "too many open connections from this address (the cap is " +
+                                std::to_string(options.max_connections_per_ip) + ")");
+    }
+    ++shared->open;
+    if (shared->metrics) ++shared->metrics->connections;
     socket.set_option(tcp::no_delay(true), ec);
     if (options.ssl) {
       using S = beast::ssl_stream<beast::tcp_stream>;
-      std::make_shared<Connection<S>>(S(beast::tcp_stream(std::move(socket)), *options.ssl),
-                                      options, handler, gauge)
+      std::make_shared<Connection<S>>(S(beast::tcp_stream(std::move(socket)), *options.ssl), shared,
+                                      std::move(address))
           ->start();
     } else {
-      std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), options,
-                                                      handler, gauge)
+      std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), shared,
+                                                      std::move(address))
           ->start();
     }
   }
 
   asio::io_context& io;
   HttpServerOptions options;
-  HttpHandler handler;
-  std::atomic<int64_t>* gauge;
+  std::shared_ptr<Shared> shared;
   tcp::acceptor acceptor;
 };
 
 HttpServer::HttpServer(asio::io_context& io, const HttpServerOptions& options, HttpHandler handler,
-                       std::atomic<int64_t>* connection_gauge)
-    : impl_(std::make_shared<Impl>(io, options, std::move(handler), connection_gauge)) {}
+                       Metrics* metrics)
+    : impl_(std::make_shared<Impl>(io, options, std::move(handler), metrics)) {}
 
 HttpServer::~HttpServer() {
   stop_accepting();
@@ -374,6 +576,16 @@ void HttpServer::stop_accepting() {
     beast::error_code ec;
     impl->acceptor.close(ec);
   });
+}
+
+bool HttpServer::finish_answers(double timeout_s) {
+  impl_->shared->closing = true;
+  const auto until = std::chrono::steady_clock::now() + seconds(timeout_s);
+  while (impl_->shared->busy > 0) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
 }
 
 }  // namespace tandem::server

@@ -46,9 +46,12 @@ class Responder {
   // Opens a chunked response; then write() pieces and end().
   virtual void start_stream(int status, const std::string& content_type,
                             const HeaderList& headers = {}) = 0;
-  // False once the client is gone (the producer should stop).
+  // False once the client is gone (it hung up, or its write queue went over the cap and the
+  // connection was dropped): the producer should stop.
   virtual bool write(std::string chunk) = 0;
   virtual void end() = 0;
+  // False once the client is gone, noticed even while nothing is written (the connection watches
+  // its socket while a request is being answered).
   virtual bool alive() const = 0;
 };
 
@@ -56,23 +59,40 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;
   size_t max_body_bytes = 1 << 20;
-  int max_connections = 1024;   // more are answered 503 and closed
+  int max_connections = 1024;  // more are answered 503 and closed
+  // Connections from one address (IPv6: one /64) at most; more are answered 503 and closed.
+  // 0: no per-address cap (behind a proxy every client has the proxy's address).
+  int max_connections_per_ip = 64;
+  // From the connection's start (TLS handshake included), or from the first byte of a later
+  // request on a keep-alive connection, to the end of the request's headers.
+  double header_timeout_s = 10;
+  double body_timeout_s = 30;   // from the end of the headers to the end of the body
   double idle_timeout_s = 300;  // a keep-alive connection with no request this long is closed
   double write_timeout_s = 60;  // a client that does not read its answer this long is dropped
+  // Bytes waiting to be written to one client at most (beyond the piece being written): a
+  // client that reads slower than its stream is produced is dropped.
+  size_t max_write_queue_bytes = 8u << 20;
   boost::asio::ssl::context* ssl = nullptr;  // TLS when set
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, std::shared_ptr<Responder>)>;
 
+class Metrics;
+
 class HttpServer {
  public:
+  // `metrics` (optional) gets the connection gauge and the refusals, timeouts and drops.
   HttpServer(boost::asio::io_context& io, const HttpServerOptions& options, HttpHandler handler,
-             std::atomic<int64_t>* connection_gauge = nullptr);
+             Metrics* metrics = nullptr);
   ~HttpServer();
   // Binds and listens; throws tandem::Error naming the address when it cannot.
   void start();
   int port() const;  // the bound port (useful with port 0)
   void stop_accepting();
+  // Shutdown: answers from now on say "Connection: close" and their connections close once the
+  // answer is written. Then waits (at most `timeout_s`) until no connection has an answer
+  // pending; false when some still had.
+  bool finish_answers(double timeout_s);
 
  private:
   struct Impl;

@@ -83,6 +83,26 @@ std::string Metrics::render() const {
   counter("tandem_expirations_total", "Sessions expired after being idle.", expirations);
   counter("tandem_rejected_overload_total", "Requests refused with 429 or 503 for load.",
           rejected_overload);
+  counter("tandem_cancelled_jobs_total",
+          "Jobs dropped, queued or running, because their client hung up.", cancelled_jobs);
+  counter("tandem_drain_failed_jobs_total",
+          "Jobs answered 503 at shutdown because --drain-timeout passed.", drain_failed_jobs);
+  line(out, "tandem_refused_connections_total", "counter",
+       "Connections answered 503 and closed, by the cap that refused them.");
+  out += "tandem_refused_connections_total{cap=\"max_connections\"} " +
+         std::to_string(refused_connections_total) + "\n";
+  out += "tandem_refused_connections_total{cap=\"per_ip\"} " +
+         std::to_string(refused_connections_per_ip) + "\n";
+  line(out, "tandem_read_timeouts_total", "counter",
+       "Connections closed because a request's headers or body were not in by their deadline.");
+  out += "tandem_read_timeouts_total{part=\"header\"} " + std::to_string(header_timeouts) + "\n";
+  out += "tandem_read_timeouts_total{part=\"body\"} " + std::to_string(body_timeouts) + "\n";
+  counter("tandem_slow_clients_dropped_total",
+          "Connections dropped because the client did not read its answer (write queue cap or "
+          "write timeout).",
+          slow_clients_dropped);
+  counter("tandem_client_disconnects_total",
+          "Clients that hung up while their request was being answered.", client_disconnects);
   gauge("tandem_sessions_open", "Open native sessions.", sessions_open);
   gauge("tandem_kv_bytes_in_use", "KV cache bytes held by sessions and cached prefixes.",
         kv_bytes_in_use);

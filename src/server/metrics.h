@@ -39,6 +39,17 @@ class Metrics {
   std::atomic<uint64_t> evictions{0};
   std::atomic<uint64_t> expirations{0};
   std::atomic<uint64_t> rejected_overload{0};  // 429/503 answers for lack of queue or memory
+  std::atomic<uint64_t> cancelled_jobs{0};     // jobs dropped, queued or running: client gone
+  std::atomic<uint64_t> drain_failed_jobs{0};  // jobs answered 503 when --drain-timeout passed
+  // Connections: refusals (--max-connections, --max-connections-per-ip), deadlines passed
+  // (headers, body), clients dropped for not reading (write queue cap, write timeout), and
+  // clients that hung up while their request was being answered.
+  std::atomic<uint64_t> refused_connections_total{0};
+  std::atomic<uint64_t> refused_connections_per_ip{0};
+  std::atomic<uint64_t> header_timeouts{0};
+  std::atomic<uint64_t> body_timeouts{0};
+  std::atomic<uint64_t> slow_clients_dropped{0};
+  std::atomic<uint64_t> client_disconnects{0};
   std::atomic<int64_t> sessions_open{0};
   std::atomic<int64_t> kv_bytes_in_use{0};
   std::atomic<int64_t> queue_length{0};

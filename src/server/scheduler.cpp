@@ -426,10 +426,12 @@ void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
   for (auto it = pending_.begin(); it != pending_.end();) {
     std::shared_ptr<Job> job = *it;
     const auto sit = job->session_id.empty() ? sessions_.end() : sessions_.find(job->session_id);
-    if (job->cancelled) {
-      // As for a step cancelled while it runs: the history keeps what the step appended.
-      if (sit != sessions_.end()) end_unrun_step_locked(sit->second, -1);
+    if (job->dropped()) {
+      // The client is gone: the session's history goes back to before the step, so that the
+      // device can send the same step again.
+      if (sit != sessions_.end()) end_unrun_step_locked(sit->second, job->history_before);
       it = pending_.erase(it);
+      ++metrics_.cancelled_jobs;
       job->on_finish(JobFailure::Cancelled, "cancelled");
       continue;
     }
@@ -509,6 +511,12 @@ void Scheduler::finish_job(const std::shared_ptr<Job>& job, JobFailure failure,
         if (failure == JobFailure::None && job->keep_after >= 0) {
           ctx_->truncate(slot, job->keep_after);
         }
+        // A step that ends without an answer (cancelled, failed, cut by shutdown) leaves the
+        // history as it was before the step: the device never saw its tokens and resends it.
+        if (failure != JobFailure::None && job->history_before >= 0 &&
+            job->history_before <= static_cast<int>(s.history.size())) {
+          s.history.resize(job->history_before);
+        }
         // Whatever happened, the cache holds a prefix of the history (drafts beyond it dropped).
         const int keep = std::min<int>(ctx_->seq_length(slot), static_cast<int>(s.history.size()));
         ctx_->truncate(slot, keep);
@@ -536,6 +544,7 @@ void Scheduler::finish_job(const std::shared_ptr<Job>& job, JobFailure failure,
     metrics_.queue_length = static_cast<int64_t>(pending_.size() + active_count_);
     metrics_.kv_bytes_in_use = static_cast<int64_t>(kv_tokens_locked() * kv_bytes_per_token_);
   }
+  if (failure == JobFailure::Cancelled) ++metrics_.cancelled_jobs;
   job->on_finish(failure, msg);
   drained_.notify_all();
 }
@@ -565,7 +574,7 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
   int budget = options_.batch_tokens;
 
   for (size_t j = 0; j < active.size();) {
-    if (active[j]->cancelled) {
+    if (active[j]->dropped()) {
       std::shared_ptr<Job> job = active[j];
       active.erase(active.begin() + static_cast<std::ptrdiff_t>(j));
       finish_job(job, JobFailure::Cancelled, "cancelled");
@@ -665,7 +674,7 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
     job->fed += t.count;
     if (job->fed == job->feed.size()) {
       try {
-        if (job->cancelled || !job->on_feed_done()) done.push_back(job);
+        if (job->dropped() || !job->on_feed_done()) done.push_back(job);
       } catch (const std::exception& e) {
         failed.push_back({job, e.what()});
       }
@@ -677,13 +686,14 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
   }
   for (auto& job : done) {
     active.erase(std::find(active.begin(), active.end(), job));
-    finish_job(job, job->cancelled ? JobFailure::Cancelled : JobFailure::None, "");
+    finish_job(job, job->dropped() ? JobFailure::Cancelled : JobFailure::None, "");
   }
 }
 
 void Scheduler::engine_loop() {
   std::vector<std::shared_ptr<Job>> active;
   for (;;) {
+    bool expired = false;
     {
       std::unique_lock lk(mu_);
       expire_idle_locked();
@@ -692,8 +702,9 @@ void Scheduler::engine_loop() {
                        [&] { return stop_ || !pending_.empty() || !slots_to_release_.empty(); });
       }
       if (stop_ && pending_.empty() && active.empty()) break;
-      admit_locked(active);
-      if (active.empty() && !pending_.empty()) {
+      expired = drain_expired_;
+      if (!expired) admit_locked(active);
+      if (!expired && active.empty() && !pending_.empty()) {
         // Everything is free and these still do not fit: they never will.
         while (!pending_.empty()) {
           auto job = pending_.front();
@@ -705,16 +716,46 @@ void Scheduler::engine_loop() {
       }
       metrics_.queue_length = static_cast<int64_t>(pending_.size() + active_count_);
     }
-    if (!active.empty()) run_batch(active);
+    if (expired) {
+      fail_all_for_shutdown(active);
+    } else if (!active.empty()) {
+      run_batch(active);
+    }
     drained_.notify_all();
   }
   for (auto& job : active) job->on_finish(JobFailure::Draining, "the server is shutting down");
 }
 
-void Scheduler::drain() {
+// --drain-timeout passed: every queued and running job ends now with a 503.
+void Scheduler::fail_all_for_shutdown(std::vector<std::shared_ptr<Job>>& active) {
+  static const std::string why = "the server is shutting down and its drain time ran out";
+  std::deque<std::shared_ptr<Job>> queued;
+  {
+    std::lock_guard lk(mu_);
+    queued.swap(pending_);
+    for (auto& job : queued) {
+      auto it = sessions_.find(job->session_id);
+      if (it != sessions_.end()) end_unrun_step_locked(it->second, job->history_before);
+    }
+    metrics_.drain_failed_jobs += queued.size() + active.size();
+  }
+  for (auto& job : queued) job->on_finish(JobFailure::Draining, why);
+  for (auto& job : active) finish_job(job, JobFailure::Draining, why);
+  active.clear();
+}
+
+bool Scheduler::drain(double timeout_s) {
   std::unique_lock lk(mu_);
   draining_ = true;
-  drained_.wait(lk, [&] { return pending_.empty() && active_count_ == 0; });
+  auto idle = [&] { return pending_.empty() && active_count_ == 0; };
+  if (timeout_s < 0) {
+    drained_.wait(lk, idle);
+    return true;
+  }
+  if (drained_.wait_for(lk, std::chrono::duration<double>(timeout_s), idle)) return true;
+  drain_expired_ = true;  // the engine thread sees it after its current batch
+  drained_.wait(lk, idle);
+  return false;
 }
 
 }  // namespace tandem::server

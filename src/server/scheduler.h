@@ -91,6 +91,12 @@ class Job {
   // Sessions: the slot's new KV length to keep when the job is done (verify drops rejected
   // drafts). -1 keeps everything.
   int keep_after = -1;
+
+  // True once nobody waits for the answer (the client hung up). Read by the engine thread
+  // before every batch, so it must be cheap and thread-safe.
+  virtual bool abandoned() const { return false; }
+  // The job is to be dropped, queued or running (JobFailure::Cancelled).
+  bool dropped() const { return cancelled || abandoned(); }
 };
 
 struct SchedulerOptions {
@@ -181,8 +187,10 @@ class Scheduler {
   bool submit(std::shared_ptr<Job> job, SubmitRefusal* why = nullptr);
   size_t queue_length() const;
 
-  // Stops taking jobs, runs what is queued to the end, then returns.
-  void drain();
+  // Stops taking jobs and runs what is queued to the end, for at most `timeout_s` (negative: no
+  // limit); what is still queued or running then ends with JobFailure::Draining. False when the
+  // time ran out.
+  bool drain(double timeout_s = -1);
   uint64_t kv_bytes_in_use() const;
 
  private:
@@ -231,6 +239,7 @@ class Scheduler {
   size_t within_logit_rows(const Job& job, size_t take, size_t* rows) const;
   void finish_job(const std::shared_ptr<Job>& job, JobFailure failure, const std::string& msg);
   void release_slot(int slot);
+  void fail_all_for_shutdown(std::vector<std::shared_ptr<Job>>& active);
 
   const Model& model_;
   SchedulerOptions options_;
@@ -244,6 +253,7 @@ class Scheduler {
   std::deque<std::shared_ptr<Job>> pending_;
   size_t active_count_ = 0;
   bool draining_ = false;
+  bool drain_expired_ = false;  // --drain-timeout passed: every job ends with Draining
   bool stop_ = false;
   std::unordered_map<std::string, Session> sessions_;
   struct Lost {

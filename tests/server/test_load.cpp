@@ -42,7 +42,9 @@ TEST(ServerLoad, SixtyFourSessionsAndIdleConnections) {
   // Room for every session's full history, so nothing is evicted: any 410 is an error here.
   const uint64_t kv_cap = per_token * kSessions * (kMaxHistory + 64);
   ServerProcess server(path, {"--max-sessions", "72", "-c", "1024", "--kv-cap",
-                              std::to_string(kv_cap), "--max-queue", "96", "-t", "2"});
+                              std::to_string(kv_cap), "--max-queue", "96", "-t", "2",
+                              // every connection comes from 127.0.0.1
+                              "--max-connections-per-ip", "0"});
   const long rss_start = rss_kib(server.pid());
 
   // Idle devices: a connection each that asked once and then holds on.

@@ -527,12 +527,14 @@ TEST(Server, SigtermDrainsRunningSteps) {
   }
   // Wait until all steps are queued or running (the server's own count), then SIGTERM.
   TestClient probe = server.client();
-  for (int k = 0; k < 2000; ++k) {
+  bool filled = false;
+  for (int k = 0; k < 2000 && !filled; ++k) {
     const std::string m = probe.get("/metrics").body;
     const size_t at = m.find("\ntandem_queue_length ");
-    if (sent == kSteps && at != std::string::npos && std::stoi(m.substr(at + 21)) >= kSteps) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    filled = sent == kSteps && at != std::string::npos && std::stoi(m.substr(at + 21)) >= kSteps;
+    if (!filled) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  EXPECT_TRUE(filled) << "every step was queued or running before the signal";
   EXPECT_EQ(server.stop(/*grace_s=*/120), 0);
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), kSteps);
