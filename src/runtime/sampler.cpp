@@ -91,11 +91,12 @@ class Ranking {
     return at(0);
   }
 
-  // top-k. A small k: std::partial_sort, as the full-sort algorithm did. A large one: the k-th
-  // candidate by nth_element on a copy, then the k best kept in id order, to be ordered later
-  // only as far as a step needs.
+  // top-k. A k small next to the vocabulary: std::partial_sort, as the full-sort algorithm did
+  // (about one comparison per candidate). A larger one, where partial_sort's heap would cost
+  // n log k: the k-th candidate by nth_element on a copy, then the k best kept in id order, to
+  // be ordered later only as far as a step needs.
   void keep_best(size_t k) {
-    if (k <= 1024) {
+    if (k <= size_ / 32) {
       std::partial_sort(v_.begin(), v_.begin() + k, v_.begin() + size_, before);
       ordered_ = size_ = k;
       return;

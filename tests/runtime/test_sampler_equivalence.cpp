@@ -1,9 +1,9 @@
 // The sampler without a full sort (issue 21) draws exactly what the full-sort algorithm drew:
 // that algorithm is kept here as the reference (src/runtime/sampler.cpp before the change), and
 // both run on the same logits, seeds and histories for every combination of temperature, top-k
-// (both the partial_sort and the large-k path), top-p, min-p and repetition penalty. Logits
-// come from a few shapes: many ties, +-0, a wide spread (so part of the vocabulary is below the
-// normalizer's cut), -inf entries, and Gemma's 262,144-entry vocabulary.
+// (both the partial_sort path, k <= n/32, and the large-k path), top-p, min-p and repetition
+// penalty. Logits come from a few shapes: many ties, +-0, a wide spread (so part of the vocabulary
+// is below the normalizer's cut), -inf entries, and Gemma's 262,144-entry vocabulary.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -160,7 +160,7 @@ int compare(const SamplingParams& p, const std::vector<float>& logits, int draws
 TEST(SamplerEquivalence, SameTokenAsTheFullSortForEverySetting) {
   uint64_t rng = 2021;
   int compared = 0;
-  const int n = 3000;  // above the large top-k path's threshold (1024) and the radix sort's (256)
+  const int n = 3000;  // top-k 40 and 2000 take the two paths; above the radix sort's 256
   for (Shape shape : {Shape::Ties, Shape::Zeros, Shape::Wide, Shape::NegInf, Shape::Smooth}) {
     const std::vector<float> logits = make_logits(shape, n, rng);
     for (float temp : {0.0f, 0.25f, 0.8f, 1.0f, 1.7f})
@@ -204,7 +204,7 @@ TEST(SamplerEquivalence, GemmaSizedVocabulary) {
   uint64_t rng = 262144;
   const std::vector<float> logits = make_logits(Shape::Smooth, 262144, rng);
   for (float temp : {0.3f, 1.0f})
-    for (int top_k : {0, 40, 5000})
+    for (int top_k : {0, 40, 5000, 100000})
       for (float top_p : {1.0f, 0.95f})
         for (float min_p : {0.0f, 0.05f}) {
           SamplingParams p;
