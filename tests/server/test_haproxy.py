@@ -48,7 +48,8 @@ def wait_ok(url, deadline_s=60):
 
 def start_replica(port, prefix):
     p = subprocess.Popen([TANDEM, "serve", "-m", MODEL, "--port", str(port), "-t", "1",
-                          "--session-prefix", prefix], stderr=subprocess.DEVNULL)
+                          "--session-prefix", prefix, "--max-connections-per-ip", "0"],
+                         stderr=subprocess.DEVNULL)
     wait_ok(f"http://127.0.0.1:{port}/health")
     return p
 
