@@ -76,6 +76,7 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
     throw Error("the server needs at least one session slot and one stateless slot");
   }
   if (options_.batch_tokens < 1) throw Error("the batch token budget must be at least 1");
+  if (!(options_.prefill_slice_ms > 0)) throw Error("--prefill-slice-ms must be above 0");
   for (char ch : options_.session_prefix) {
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') {
       throw Error("--session-prefix '" + options_.session_prefix +
@@ -501,6 +502,7 @@ void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
 
 void Scheduler::finish_job(const std::shared_ptr<Job>& job, JobFailure failure,
                            const std::string& msg) {
+  last_job_end_ = Clock::now();
   {
     std::lock_guard lk(mu_);
     const int slot = job->slot;
@@ -549,14 +551,15 @@ void Scheduler::finish_job(const std::shared_ptr<Job>& job, JobFailure failure,
   drained_.notify_all();
 }
 
-// How many of the next `take` feed tokens of a prefilling job fit under the per-batch cap on
-// prefill rows that want logits; counts the rows it lets through in *rows.
-size_t Scheduler::within_logit_rows(const Job& job, size_t take, size_t* rows) const {
+size_t Scheduler::PrefillBudget::fit(const Job& job, size_t take) {
   size_t n = 0;
   for (; n < take; ++n) {
-    if (!job.feed[job.fed + n].want_logits) continue;
-    if (*rows >= kMaxPrefillLogitRows) break;
-    ++*rows;
+    const bool logits = job.feed[job.fed + n].want_logits;
+    const size_t c = logits ? kLogitRowCost : 1;
+    if (logits && logit_rows >= kMaxPrefillLogitRows) break;
+    if (cost + c > cost_cap) break;
+    cost += c;
+    logit_rows += logits ? 1 : 0;
   }
   return n;
 }
@@ -593,19 +596,20 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
     }
     ++j;
   }
-  // Rows that want logits cost a vocabulary-sized row each (1 MiB for Gemma): a prompt asking for
-  // its log-probabilities would otherwise size the logits buffer to the whole batch (512 MiB at
-  // -b 512). Decode rows always run; prefill chunks stop at kMaxPrefillLogitRows such rows.
-  size_t prefill_logit_rows = 0;
   std::vector<size_t> order(active.size());
   for (size_t j = 0; j < active.size(); ++j) order[j] = j;
-  std::stable_partition(order.begin(), order.end(),
-                        [&](size_t j) { return active[j]->feed.size() - active[j]->fed <= 1; });
+  const auto decoding = [&](size_t j) { return active[j]->feed.size() - active[j]->fed <= 1; };
+  std::stable_partition(order.begin(), order.end(), decoding);
+  PrefillBudget prefill;
+  if (others_waiting(active.size()) && us_per_cost_ > 0) {
+    const double units = options_.prefill_slice_ms * 1000.0 / us_per_cost_;
+    prefill.cost_cap = static_cast<size_t>(std::max(units, static_cast<double>(kLogitRowCost)));
+  }
   for (size_t j : order) {
     Job& job = *active[j];
     const size_t left = job.feed.size() - job.fed;
     size_t take = std::min<size_t>(left, static_cast<size_t>(budget));
-    if (left > 1) take = within_logit_rows(job, take, &prefill_logit_rows);
+    if (left > 1) take = prefill.fit(job, take);
     if (take == 0) {
       if (budget == 0) break;
       continue;
@@ -624,6 +628,7 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
   metrics_.batch_tokens.observe(static_cast<double>(batch.size()));
   metrics_.batch_jobs.observe(static_cast<double>(takes.size()));
   metrics_.queue_depth.observe(static_cast<double>(metrics_.queue_length.load()));
+  const Clock::time_point t0 = Clock::now();
   try {
     ctx_->decode(batch);
   } catch (const std::exception& e) {
@@ -688,6 +693,27 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
     active.erase(std::find(active.begin(), active.end(), job));
     finish_job(job, job->dropped() ? JobFailure::Cancelled : JobFailure::None, "");
   }
+  note_batch_cost(batch.size(), rows.size(), Clock::now() - t0);
+}
+
+// Whether a prompt's work should leave room for others: other jobs are running or queued, or one
+// ended in the last second (a device between two steps of its session comes back within a round
+// trip, and its next token should not wait behind a whole --batch-size of someone's prompt).
+bool Scheduler::others_waiting(size_t active_jobs) const {
+  if (active_jobs > 1) return true;
+  {
+    std::lock_guard lk(mu_);
+    if (!pending_.empty()) return true;
+  }
+  return Clock::now() - last_job_end_ < std::chrono::seconds(1);
+}
+
+// Learns the engine's time per cost unit (a token; a token that wants logits kLogitRowCost) from
+// each batch, decode and hooks included, as a moving average over about the last ten batches.
+void Scheduler::note_batch_cost(size_t tokens, size_t logit_rows, Clock::duration took) {
+  const double units = static_cast<double>(tokens + (kLogitRowCost - 1) * logit_rows);
+  const double us = std::chrono::duration<double, std::micro>(took).count() / units;
+  us_per_cost_ = us_per_cost_ == 0 ? us : 0.9 * us_per_cost_ + 0.1 * us;
 }
 
 void Scheduler::engine_loop() {

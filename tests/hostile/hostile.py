@@ -770,7 +770,8 @@ class Suite:
         self.n_ctx = args.ctx
         self.log_path = tempfile.NamedTemporaryFile(prefix="tandem-hostile-", suffix=".log",
                                                     delete=False).name
-        flags = ["-c", str(args.ctx), "--max-sessions", "8", "--parallel", "2", "-t", "2",
+        flags = ["-c", str(args.ctx), "--max-sessions", "16", "--max-sessions-per-key", "8",
+                 "--parallel", "2", "-t", "2",
                  "--http-threads", "2", "--max-connections", "512", "--max-sse", "8",
                  "--kv-cap", str(args.kv_cap_mib * MIB)]
         self.server = Server(args.binary, args.model, flags, self.log_path)
