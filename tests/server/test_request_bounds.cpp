@@ -4,7 +4,10 @@
 // server still answers honest requests afterwards.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/testdata.h"
 #include "server_harness.h"
@@ -28,9 +31,8 @@ size_t count(const std::string& text, const std::string& what) {
 
 void expect_serves_honest_requests(TestClient& c) {
   EXPECT_EQ(c.get("/health").status, 200);
-  const HttpResult r = c.post("/v1/completions", {{"prompt", "Once upon a time"},
-                                                  {"max_tokens", 4},
-                                                  {"temperature", 0}});
+  const HttpResult r = c.post(
+      "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}});
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
@@ -42,8 +44,7 @@ TEST(RequestBounds, DeeplyNestedBodiesGet400OnEveryRoute) {
   const std::string deep = nested(100000, "\"hi\"");
   const std::pair<std::string, std::string> attacks[] = {
       {"/v1/completions", "{\"prompt\":" + deep + "}"},
-      {"/v1/chat/completions",
-       "{\"messages\":[{\"role\":\"user\",\"content\":" + deep + "}]}"},
+      {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":" + deep + "}]}"},
       {"/completion", "{\"prompt\":" + deep + "}"},
       {"/generate", "{\"text\":\"hi\",\"sampling_params\":{\"x\":" + deep + "}}"},
       {"/tokenize", "{\"content\":" + deep + "}"},
@@ -72,13 +73,13 @@ TEST(RequestBounds, IntegersPastInt64Get400NamingTheField) {
   ServerProcess server(llama());
   TestClient c = server.client();
   for (const char* v : {"9223372036854775808.0", "9.3e18", "1e300", "-9.3e18"}) {
-    const HttpResult r = c.request(
-        "POST", "/v1/completions", std::string("{\"prompt\":\"hi\",\"max_tokens\":") + v + "}");
+    const HttpResult r = c.request("POST", "/v1/completions",
+                                   std::string("{\"prompt\":\"hi\",\"max_tokens\":") + v + "}");
     EXPECT_EQ(r.status, 400) << v << ": " << r.body;
     EXPECT_EQ(r.j()["error"]["field"], "max_tokens") << r.body;
   }
-  const HttpResult seed = c.request("POST", "/v1/completions",
-                                    "{\"prompt\":\"hi\",\"max_tokens\":1,\"seed\":9.3e18}");
+  const HttpResult seed =
+      c.request("POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":1,\"seed\":9.3e18}");
   EXPECT_EQ(seed.status, 400) << seed.body;
   expect_serves_honest_requests(c);
 }
@@ -149,11 +150,48 @@ TEST(RequestBounds, TimeBudgetEndsALongGeneration) {
   EXPECT_EQ(r.j()["choices"][0]["finish_reason"], "length");
   EXPECT_LT(r.j()["usage"]["completion_tokens"].get<int>(), 4000);
   const std::string id = c.post("/tandem/v1/sessions", json::object()).j()["session"];
-  const HttpResult s = c.post("/tandem/v1/sessions/" + id + "/step",
-                              {{"expected_pos", 0}, {"append", {1, 2}}, {"generate", {{"n", 4000}}}});
+  const HttpResult s =
+      c.post("/tandem/v1/sessions/" + id + "/step",
+             {{"expected_pos", 0}, {"append", {1, 2}}, {"generate", {{"n", 4000}}}});
   ASSERT_EQ(s.status, 200) << s.body;
   EXPECT_EQ(s.j()["stop"], "time");
   EXPECT_LT(s.j()["tokens"].size(), 4000u);
+}
+
+// While another device decodes, a prompt's work goes in slices (--prefill-slice-ms; at 1 ms one
+// logits row per batch): its prompt log-probabilities and its greedy continuation must be what
+// the same request gets in whole batches on an idle server.
+TEST(RequestBounds, PromptSlicesWhileOthersDecodeGiveTheSameAnswer) {
+  ServerProcess server(llama(), {"-c", "4096", "--prefill-slice-ms", "1"});
+  TestClient c = server.client();
+  std::vector<int> prompt;
+  for (int i = 0; i < 300; ++i) prompt.push_back(1 + (i * 37) % 900);
+  const json request = {
+      {"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", 1}, {"echo", true}};
+  const HttpResult alone = c.post("/v1/completions", request);
+  ASSERT_EQ(alone.status, 200) << alone.body;
+  // Another client decodes a long answer meanwhile, so the prompt is cut into slices.
+  std::thread other([&] {
+    TestClient o = server.client();
+    o.post("/v1/completions", {{"prompt", json::array({1, 2, 3})},
+                               {"max_tokens", 3000},
+                               {"ignore_eos", true},
+                               {"temperature", 0}});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const HttpResult sliced = c.post("/v1/completions", request);
+  other.join();
+  ASSERT_EQ(sliced.status, 200) << sliced.body;
+  const json a = alone.j()["choices"][0];
+  const json b = sliced.j()["choices"][0];
+  EXPECT_EQ(a["text"], b["text"]);
+  const json& la = a["logprobs"]["token_logprobs"];
+  const json& lb = b["logprobs"]["token_logprobs"];
+  ASSERT_EQ(la.size(), 308u);
+  ASSERT_EQ(lb.size(), la.size());
+  for (size_t i = 1; i < la.size(); ++i) {
+    EXPECT_NEAR(la[i].get<double>(), lb[i].get<double>(), 1e-4) << "token " << i;
+  }
 }
 
 }  // namespace
