@@ -56,7 +56,9 @@ std::string excerpt(std::string_view text, size_t max_bytes) {
     if (c < 0x80) {
       piece = c >= 0x20 && c != 0x7F ? text.substr(i, 1) : std::string_view(c == '\n' ? " " : "?");
     } else if ((n = utf8_length(text, i)) > 0) {
-      piece = text.substr(i, n);
+      // U+0080..U+009F are control characters too (U+009B starts a terminal escape).
+      const bool c1 = c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0;
+      piece = c1 ? std::string_view("?") : text.substr(i, n);
     } else {
       n = 1;
       piece = "?";

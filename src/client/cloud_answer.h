@@ -29,8 +29,9 @@ using nlohmann::json;
 // repeats in its own messages.
 inline constexpr size_t kMaxQuotedBytes = 300;
 
-// `text` fit for a message: at most `max_bytes` bytes, cut at a character boundary ("..." marks
-// the cut), control characters and invalid UTF-8 replaced by '?'.
+// `text` fit for a message (a terminal, a log, JSON): at most `max_bytes` bytes, cut at a
+// character boundary ("..." marks the cut), control characters (C0, DEL, C1) and invalid UTF-8
+// replaced by '?', a newline by a space.
 std::string excerpt(std::string_view text, size_t max_bytes = kMaxQuotedBytes);
 
 // The body as JSON after the depth check; a discarded value when it is not JSON or nests too deep.

@@ -67,7 +67,7 @@ class StatelessBackend : public CloudBackend {
     // The model name (OpenAI requests need it) and a vocabulary probe: /tokenize where the
     // server has it (llama.cpp and tandem serve; tandem also reports vocab_hash).
     if (dialect_ == Dialect::OpenAi) model_name_ = first_model_name();
-    info.name = model_name_;
+    info.name = cloud::excerpt(model_name_, 128);  // shown on a terminal: printable only
     check_vocabulary(info);
     connected_ = true;
     return info;

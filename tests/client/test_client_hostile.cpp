@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "client/cloud_answer.h"
 #include "common/testdata.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
@@ -357,6 +358,19 @@ TEST_F(HostileCloudTest, ErrorMessagesAreCutAndNeverDumped) {
     EXPECT_LT(r.stats.last_cloud_error.size(), 1000u) << c.label;
     EXPECT_EQ(r.stats.last_cloud_error.find('\x01'), std::string::npos) << c.label;
   }
+}
+
+TEST(CloudExcerpt, PrintableBoundedAndCutAtACharacter) {
+  EXPECT_EQ(cloud::excerpt("plain"), "plain");
+  // ESC, a C1 CSI (U+009B), DEL and a newline: nothing a terminal would act on survives.
+  EXPECT_EQ(cloud::excerpt("a\x1b[2Jb\xc2\x9b"
+                           "31mc\x7f\nd"),
+            "a?[2Jb?31mc? d");
+  EXPECT_EQ(cloud::excerpt("\xe2\x82\xac \xed\xa0\x80 \xc3"),
+            "\xe2\x82\xac ??? ?");  // a surrogate, a cut
+  // Cut at the limit, never inside a character.
+  EXPECT_EQ(cloud::excerpt("\xc3\xa9\xc3\xa9\xc3\xa9", 5), "\xc3\xa9\xc3\xa9...");
+  EXPECT_EQ(cloud::excerpt(std::string(1000, 'x')).size(), cloud::kMaxQuotedBytes + 3);
 }
 
 TEST_F(HostileCloudTest, RetryAfterValuesAreClampedAndParsedSafely) {
