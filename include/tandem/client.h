@@ -15,6 +15,7 @@
 // decodes the token itself, counts a fallback and retries later with exponential backoff.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -62,12 +63,21 @@ struct CloudStepResult {
 class CloudError : public std::runtime_error {
  public:
   enum class Kind {
-    Unavailable,  // transport failure, timeout, 429/503, garbage: fall back, retry later
-    Rejected,     // 400/404/413: the request was wrong for this server; fall back
-    Fatal,        // 401, a different vocabulary: stop using this cloud
+    // Transport failure, timeout, 429/503, and any malformed answer (not JSON, too deep, over
+    // the size limit, a missing or mistyped field, a token outside the vocabulary, a position
+    // that does not add up): fall back, retry later.
+    Unavailable,
+    Rejected,  // 400/404/413: the request was wrong for this server; fall back
+    Fatal,     // 401, a different vocabulary: stop using this cloud
   };
+  // The longest pause a cloud may ask for (Retry-After): beyond it the cloud is probed again.
+  static constexpr double kMaxRetryAfterS = 60;
+
+  // retry_after_s is clamped into [0, kMaxRetryAfterS] (NaN: 0), whatever the cloud sent.
   CloudError(Kind kind, const std::string& message, double retry_after_s = 0)
-      : std::runtime_error(message), kind_(kind), retry_after_s_(retry_after_s) {}
+      : std::runtime_error(message),
+        kind_(kind),
+        retry_after_s_(retry_after_s > 0 ? std::min(retry_after_s, kMaxRetryAfterS) : 0.0) {}
   Kind kind() const { return kind_; }
   double retry_after_s() const { return retry_after_s_; }
 
@@ -115,6 +125,9 @@ struct CloudOptions {
   bool insecure = false;  // https: do not verify the certificate
   std::string ca_file;
   double timeout_s = 10;  // connect + whole request
+  // A cloud answer with a larger body is refused (a CloudError: the edge falls back) before it
+  // is buffered further.
+  size_t max_answer_bytes = 64u << 20;
 };
 
 // The backend for options.api, checking the cloud's vocabulary against `edge_model`'s.

@@ -75,6 +75,7 @@ class UiCommand : public Command {
           ui.handle(req, std::move(res));
         });
     http.start();
+    ui.set_address(http_.host, http.port());  // the Host/Origin allowlist needs the bound port
     std::fprintf(stderr, "tandem ui: open http://%s:%d/ (edge %s, cloud %s)\n", http_.host.c_str(),
                  http.port(), o.model_name.c_str(),
                  o.cloud_url.empty() ? "none: local only" : o.cloud_url.c_str());

@@ -39,6 +39,13 @@ CloudModelInfo CloudLink::connect() {
     note_failure_locked(e);
     counters_ = backend_->counters();
     throw;
+  } catch (const std::exception& e) {
+    // Backends throw only CloudError; should anything else slip through, it is still a cloud
+    // that failed (the caller falls back), never an error of the caller's own.
+    const CloudError error(CloudError::Kind::Unavailable, e.what());
+    note_failure_locked(error);
+    counters_ = backend_->counters();
+    throw error;
   }
 }
 
@@ -54,8 +61,9 @@ void CloudLink::note_failure_locked(const CloudError& e) {
       std::min(options_.backoff_max_s,
                options_.backoff_initial_s * std::pow(2.0, std::min(consecutive_failures_ - 1, 30)));
   std::uniform_real_distribution<double> jitter(0.5, 1.5);
+  // CloudError keeps retry_after_s within [0, 60]: the pause is always a finite, short time.
   const double pause = std::max(base * jitter(jitter_), e.retry_after_s());
-  retry_at_ = Clock::now() + std::chrono::microseconds(static_cast<long>(pause * 1e6));
+  retry_at_ = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(pause * 1e6));
 }
 
 void CloudLink::note_success_locked() {

@@ -6,11 +6,16 @@
 // the server applied the step entirely or not at all, so a later 409 with pos <= mirror_.size()
 // means "resend from pos", and one with pos > mirror_.size() means the server holds tokens the
 // edge never saw (a generate that ran) -- then only a replay into a new session is safe.
+//
+// Every answer is read through client/cloud_answer.h: whatever the server sends, a step or a
+// connect ends in a result or a CloudError.
 #include <algorithm>
 #include <cinttypes>
+#include <climits>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "client/cloud_answer.h"
 #include "common/error.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
@@ -24,63 +29,6 @@ using std::chrono::milliseconds;
 
 constexpr const char* kSessions = "/tandem/v1/sessions";
 
-std::string short_body(const std::string& body) {
-  std::string s = body.substr(0, 300);
-  for (char& c : s) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  return s;
-}
-
-double retry_after_seconds(const net::HttpResponse& r) {
-  const std::string v = r.header("retry-after");
-  try {
-    return v.empty() ? 0.0 : std::max(0.0, std::stod(v));
-  } catch (...) {
-    return 0.0;
-  }
-}
-
-// A JSON answer the edge relies on; anything else is a cloud error (garbage is not a crash).
-json parse_answer(const net::HttpResponse& r, const std::string& what) {
-  json j = json::parse(r.body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    throw CloudError(CloudError::Kind::Unavailable,
-                     what + ": the answer (HTTP " + std::to_string(r.status) +
-                         ") is not a JSON object: '" + short_body(r.body) + "'");
-  }
-  return j;
-}
-
-// An error answer's body: JSON when the server wrote it, anything when a proxy did.
-json parse_error_body(const net::HttpResponse& r) {
-  json j = json::parse(r.body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return json{{"error", {{"message", short_body(r.body)}}}};
-  return j;
-}
-
-std::string error_message(const json& j) {
-  if (j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
-      j["error"]["message"].is_string()) {
-    return j["error"]["message"].get<std::string>();
-  }
-  return j.dump().substr(0, 300);
-}
-
-template <typename T>
-T field(const json& j, const char* name, const std::string& what) {
-  if (!j.contains(name)) {
-    throw CloudError(CloudError::Kind::Unavailable,
-                     what + ": the answer has no '" + std::string(name) + "'");
-  }
-  try {
-    return j.at(name).get<T>();
-  } catch (const json::exception&) {
-    throw CloudError(CloudError::Kind::Unavailable,
-                     what + ": field '" + std::string(name) + "' has the wrong type");
-  }
-}
-
 // "general.name (file.gguf)": both, as either may be what the user recognises.
 std::string edge_model_name(const Model& m) {
   const std::string file = m.info().path.substr(m.info().path.find_last_of('/') + 1);
@@ -92,9 +40,11 @@ class NativeBackend : public CloudBackend {
  public:
   NativeBackend(const CloudOptions& options, const Model& edge)
       : options_(options),
-        http_(net::parse_url(options.url), net::HttpOptions{.insecure = options.insecure,
-                                                            .ca_file = options.ca_file,
-                                                            .api_key = options.api_key}),
+        http_(net::parse_url(options.url),
+              net::HttpOptions{.insecure = options.insecure,
+                               .ca_file = options.ca_file,
+                               .api_key = options.api_key,
+                               .max_body_bytes = options.max_answer_bytes}),
         edge_name_(edge_model_name(edge)),
         edge_n_vocab_(edge.tokenizer().n_vocab()),
         edge_hash_(edge.tokenizer().fingerprint_hex()) {}
@@ -104,11 +54,45 @@ class NativeBackend : public CloudBackend {
   }
 
   CloudModelInfo connect() override {
-    open_session();
-    return info_;
+    return cloud::only_cloud_errors("creating a cloud session", [&] {
+      open_session();
+      return info_;
+    });
   }
 
   CloudStepResult step(std::span<const TokenId> history, const CloudOp& op) override {
+    return cloud::only_cloud_errors("cloud step", [&] { return step_unguarded(history, op); });
+  }
+
+  void close() noexcept override {
+    if (session_.empty()) return;
+    try {
+      http_.request("DELETE", kSessions + ("/" + session_), "", milliseconds(1000));
+    } catch (...) {
+    }
+    drop_session();
+  }
+
+  void abort() noexcept override { http_.abort(); }
+
+  // The next history need not extend this one. A server that can rewind keeps the session
+  // (the next step cuts it back to the shared prefix: a few-shot prompt is not prefilled again);
+  // otherwise the session is closed and the next step opens a fresh one (not a replay).
+  void new_conversation() noexcept override {
+    if (can_rewind_ && !session_.empty()) return;
+    close();
+    fresh_conversation_ = true;
+  }
+
+  CloudCounters counters() const override {
+    CloudCounters c = counters_;
+    c.bytes_up = http_.bytes_sent();
+    c.bytes_down = http_.bytes_received();
+    return c;
+  }
+
+ private:
+  CloudStepResult step_unguarded(std::span<const TokenId> history, const CloudOp& op) {
     if (history.empty()) throw Error("cloud step: the history is empty");
     if (session_.empty()) {
       open_session();
@@ -162,7 +146,7 @@ class NativeBackend : public CloudBackend {
         rewind_pending_ = false;
         CloudStepResult out;
         try {
-          out = parse_step(r, what, op);
+          out = parse_step(r, what, op, history.size());
         } catch (const CloudError&) {
           mirror_.assign(history.begin(), history.end());
           throw;
@@ -179,28 +163,8 @@ class NativeBackend : public CloudBackend {
         ++counters_.steps;
         return out;
       }
-      const json j = parse_error_body(r);
       if (r.status == 409) {
-        const json& e = j.contains("error") && j["error"].is_object() ? j["error"] : j;
-        if (e.value("code", "") == "session_busy") {
-          // tandem serve answers this (not in protocol v1) while an earlier step of the session,
-          // whose answer the edge gave up on, still runs: its outcome is unknown, try later.
-          mirror_.assign(history.begin(), history.end());
-          throw CloudError(CloudError::Kind::Unavailable,
-                           what + ": the session is still running an earlier step", 0.05);
-        }
-        const long pos = e.contains("pos") && e["pos"].is_number_integer()   ? e["pos"].get<long>()
-                         : j.contains("pos") && j["pos"].is_number_integer() ? j["pos"].get<long>()
-                                                                             : -1;
-        ++counters_.resends;
-        if (pos >= 0 && pos <= static_cast<long>(mirror_.size()) &&
-            pos <= static_cast<long>(history.size())) {
-          mirror_.resize(pos);
-        } else {
-          close();
-          open_session();
-          count_replay(history.size());
-        }
+        resend_or_replay(r, history, what);
         continue;
       }
       if (r.status == 410) {
@@ -209,40 +173,42 @@ class NativeBackend : public CloudBackend {
         count_replay(history.size());
         continue;
       }
-      throw status_error(r, j, what);
+      throw cloud::status_error(r, what);
     }
     throw CloudError(CloudError::Kind::Unavailable,
                      "cloud step: the server kept answering position mismatches");
   }
 
-  void close() noexcept override {
-    if (session_.empty()) return;
-    try {
-      http_.request("DELETE", kSessions + ("/" + session_), "", milliseconds(1000));
-    } catch (...) {
+  // A 409: the session is busy (throws), or its position differs from what the edge sent. The
+  // edge resends from the server's position when that is one it can resend from, and otherwise
+  // (no position, or one past what the edge knows) replays into a new session.
+  void resend_or_replay(const net::HttpResponse& r, std::span<const TokenId> history,
+                        const std::string& what) {
+    static const json empty = json::object();
+    const json j = cloud::parse_json(r.body);
+    const json& top = j.is_object() ? j : empty;
+    const auto e_it = top.find("error");
+    const json& e = e_it != top.end() && e_it->is_object() ? *e_it : top;
+    if (cloud::string_field_or(e, "code", what, 64, "") == "session_busy") {
+      // tandem serve answers this (not in protocol v1) while an earlier step of the session,
+      // whose answer the edge gave up on, still runs: its outcome is unknown, try later.
+      mirror_.assign(history.begin(), history.end());
+      throw CloudError(CloudError::Kind::Unavailable,
+                       what + ": the session is still running an earlier step", 0.05);
     }
-    drop_session();
+    const int64_t pos = cloud::int_field_or(e, "pos", what, 0, INT_MAX,
+                                            cloud::int_field_or(top, "pos", what, 0, INT_MAX, -1));
+    ++counters_.resends;
+    if (pos >= 0 && static_cast<size_t>(pos) <= mirror_.size() &&
+        static_cast<size_t>(pos) <= history.size()) {
+      mirror_.resize(static_cast<size_t>(pos));
+    } else {
+      close();
+      open_session();
+      count_replay(history.size());
+    }
   }
 
-  void abort() noexcept override { http_.abort(); }
-
-  // The next history need not extend this one. A server that can rewind keeps the session
-  // (the next step cuts it back to the shared prefix: a few-shot prompt is not prefilled again);
-  // otherwise the session is closed and the next step opens a fresh one (not a replay).
-  void new_conversation() noexcept override {
-    if (can_rewind_ && !session_.empty()) return;
-    close();
-    fresh_conversation_ = true;
-  }
-
-  CloudCounters counters() const override {
-    CloudCounters c = counters_;
-    c.bytes_up = http_.bytes_sent();
-    c.bytes_down = http_.bytes_received();
-    return c;
-  }
-
- private:
   static bool extends(std::span<const TokenId> history, const std::vector<TokenId>& prefix) {
     return prefix.size() <= history.size() &&
            std::equal(prefix.begin(), prefix.end(), history.begin());
@@ -276,58 +242,23 @@ class NativeBackend : public CloudBackend {
     }
   }
 
-  CloudError status_error(const net::HttpResponse& r, const json& j, const std::string& what) {
-    const std::string msg = what + ": HTTP " + std::to_string(r.status) + ": " + error_message(j);
-    switch (r.status) {
-      case 401:
-      case 403:
-        return CloudError(CloudError::Kind::Fatal, msg + " (check --api-key)");
-      case 400:
-      case 404:
-      case 413:
-        return CloudError(CloudError::Kind::Rejected, msg);
-      default:
-        return CloudError(CloudError::Kind::Unavailable, msg, retry_after_seconds(r));
-    }
-  }
-
   void open_session() {
     drop_session();
     const net::HttpResponse r = send("POST", kSessions, R"({"protocol":1})");
     const std::string what = "creating a cloud session at " + http_.url().origin();
-    if (r.status != 201 && r.status != 200) throw status_error(r, parse_error_body(r), what);
-    const json j = parse_answer(r, what);
+    if (r.status != 201 && r.status != 200) throw cloud::status_error(r, what);
+    const json j = cloud::parse_answer(r, what);
+    const json& m = cloud::object_field(j, "model", what);
     CloudModelInfo info;
-    try {
-      const json& m = j.at("model");
-      info.name = m.value("name", "");
-      info.arch = m.value("arch", "");
-      info.n_vocab = m.at("n_vocab").get<int>();
-      info.vocab_hash = m.at("vocab_hash").get<std::string>();
-      info.bos = m.value("bos", -1);
-      info.eos = m.value("eos", -1);
-      if (m.contains("eog")) info.eog = m["eog"].get<std::vector<TokenId>>();
-      if (j.contains("limits")) {
-        const json& l = j["limits"];
-        info.n_ctx = l.value("n_ctx", 0);
-        info.max_step_tokens = l.value("max_step_tokens", 0);
-        info.max_generate = l.value("max_generate", 0);
-        info.max_draft = l.value("max_draft", 0);
-      }
-      can_rewind_ = false;
-      if (j.contains("features") && j["features"].is_array()) {
-        for (const json& f : j["features"]) can_rewind_ |= f.is_string() && f == "rewind";
-      }
-      session_ = j.at("session").get<std::string>();
-    } catch (const json::exception& e) {
-      throw CloudError(
-          CloudError::Kind::Unavailable,
-          what + ": the answer lacks the session or model fields (" + std::string(e.what()) + ")");
-    }
-    if (session_.empty() || session_.size() > 64 ||
+    info.name = cloud::excerpt(cloud::string_field_or(m, "name", what, 1024, ""), 128);
+    info.arch = cloud::excerpt(cloud::string_field_or(m, "arch", what, 1024, ""), 64);
+    info.n_vocab = static_cast<int>(cloud::int_field(m, "n_vocab", what, 1, INT_MAX));
+    info.vocab_hash = cloud::string_field(m, "vocab_hash", what, 64);
+    session_ = cloud::string_field(j, "session", what, 64);
+    if (session_.empty() ||
         session_.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
                                    "0123456789-_.~") != std::string::npos) {
-      const std::string bad = session_;
+      const std::string bad = cloud::excerpt(session_, 64);
       session_.clear();
       throw CloudError(CloudError::Kind::Unavailable,
                        what + ": session id '" + bad + "' is not 1..64 URL-safe characters");
@@ -339,46 +270,77 @@ class NativeBackend : public CloudBackend {
                        "the cloud's vocabulary differs from the edge's: edge model '" + edge_name_ +
                            "' has " + std::to_string(edge_n_vocab_) + " tokens (vocab_hash " +
                            edge_hash_ + "), cloud model '" + cloud_name + "' has " +
-                           std::to_string(info.n_vocab) + " tokens (vocab_hash " + info.vocab_hash +
+                           std::to_string(info.n_vocab) + " tokens (vocab_hash " +
+                           cloud::excerpt(info.vocab_hash, 64) +
                            "); routing needs the same tokenizer on both sides");
+    }
+    try {
+      read_model_details(j, m, what, info);
+    } catch (const CloudError&) {
+      session_.clear();  // not closed: the answer was broken, the server may be too
+      throw;
     }
     info_ = info;
     ++counters_.sessions_opened;
     opened_before_ = true;
   }
 
-  CloudStepResult parse_step(const net::HttpResponse& r, const std::string& what,
-                             const CloudOp& op) {
-    const json j = parse_answer(r, what);
+  // The optional parts of a session's answer: special tokens, limits, features.
+  void read_model_details(const json& j, const json& m, const std::string& what,
+                          CloudModelInfo& info) {
+    const int n = edge_n_vocab_;
+    info.bos = static_cast<TokenId>(cloud::int_field_or(m, "bos", what, -1, n - 1, -1));
+    info.eos = static_cast<TokenId>(cloud::int_field_or(m, "eos", what, -1, n - 1, -1));
+    if (cloud::has(m, "eog")) info.eog = cloud::token_field(m, "eog", what, n, 4096);
+    if (cloud::has(j, "limits")) {
+      const json& l = cloud::object_field(j, "limits", what);
+      info.n_ctx = static_cast<int>(cloud::int_field_or(l, "n_ctx", what, 0, INT_MAX, 0));
+      info.max_step_tokens =
+          static_cast<int>(cloud::int_field_or(l, "max_step_tokens", what, 0, INT_MAX, 0));
+      info.max_generate =
+          static_cast<int>(cloud::int_field_or(l, "max_generate", what, 0, INT_MAX, 0));
+      info.max_draft = static_cast<int>(cloud::int_field_or(l, "max_draft", what, 0, INT_MAX, 0));
+    }
+    can_rewind_ = false;
+    if (const auto f = j.find("features"); f != j.end() && f->is_array()) {
+      for (const json& name : *f) can_rewind_ |= name.is_string() && name == "rewind";
+    }
+  }
+
+  // A 200 step answer, checked against what was asked: every field of the right type and
+  // range, every token in the vocabulary, as many tokens as the operation can give.
+  CloudStepResult parse_step(const net::HttpResponse& r, const std::string& what, const CloudOp& op,
+                             size_t history_size) {
+    const json j = cloud::parse_answer(r, what);
+    const size_t max_tokens = op.kind == CloudOpKind::Sync ? 0
+                              : op.kind == CloudOpKind::Generate
+                                  ? static_cast<size_t>(op.n_generate)
+                                  : op.draft.size() + 1;
     CloudStepResult out;
-    out.pos = field<int>(j, "pos", what);
-    if (j.contains("tokens")) out.tokens = field<std::vector<TokenId>>(j, "tokens", what);
-    if (j.contains("logprobs") && j["logprobs"].is_array()) {
-      for (const auto& v : j["logprobs"])
-        out.logprobs.push_back(v.is_number() ? v.get<float>() : 0.f);
+    out.pos = static_cast<int>(cloud::int_field(j, "pos", what, 0, INT_MAX));
+    if (cloud::has(j, "tokens")) {
+      out.tokens = cloud::token_field(j, "tokens", what, edge_n_vocab_, max_tokens);
     }
-    out.accepted = j.value("accepted", 0);
-    out.prefilled = j.value("prefilled", 0);
-    out.stop = j.value("stop", "");
-    for (TokenId t : out.tokens) {
-      if (t < 0 || t >= edge_n_vocab_) {
-        throw CloudError(CloudError::Kind::Unavailable,
-                         what + ": token id " + std::to_string(t) + " is outside the vocabulary");
-      }
+    if (cloud::has(j, "logprobs")) {
+      out.logprobs = cloud::number_array(j["logprobs"], "logprobs", what, out.tokens.size());
     }
+    out.accepted = static_cast<int>(
+        cloud::int_field_or(j, "accepted", what, 0, static_cast<int64_t>(op.draft.size()), 0));
+    // The server runs at most the history it was sent (a replay: all of it).
+    out.prefilled = static_cast<int>(
+        cloud::int_field_or(j, "prefilled", what, 0, static_cast<int64_t>(history_size), 0));
+    out.stop = cloud::string_field_or(j, "stop", what, 32, "");
     const size_t n = out.tokens.size();
     bool ok = true;
-    if (op.kind == CloudOpKind::Sync) ok = n == 0;
-    if (op.kind == CloudOpKind::Generate) ok = n >= 1 && n <= static_cast<size_t>(op.n_generate);
+    if (op.kind == CloudOpKind::Generate) ok = n >= 1;
     if (op.kind == CloudOpKind::Verify) {
-      ok = out.accepted >= 0 && out.accepted <= static_cast<int>(op.draft.size()) &&
-           n == static_cast<size_t>(out.accepted) + 1 &&
+      ok = n == static_cast<size_t>(out.accepted) + 1 &&
            std::equal(op.draft.begin(), op.draft.begin() + out.accepted, out.tokens.begin());
     }
     if (!ok) {
       throw CloudError(
           CloudError::Kind::Unavailable,
-          what + ": the answer's tokens do not fit the request: '" + short_body(r.body) + "'");
+          what + ": the answer's tokens do not fit the request: '" + cloud::excerpt(r.body) + "'");
     }
     return out;
   }

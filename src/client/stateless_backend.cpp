@@ -4,9 +4,14 @@
 // prefill); a sync is a no-op; verify is emulated by a greedy generate of len(draft) + 1 tokens
 // and a comparison here (the accepted prefix plus the cloud's next token are exactly what the
 // native verify answers).
+//
+// Answers are read through client/cloud_answer.h: a malformed one is a CloudError, never a crash.
 #include <algorithm>
+#include <charconv>
+#include <climits>
 #include <nlohmann/json.hpp>
 
+#include "client/cloud_answer.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
 #include "tokenizer/tokenizer.h"
@@ -24,9 +29,11 @@ class StatelessBackend : public CloudBackend {
   StatelessBackend(Dialect dialect, const CloudOptions& options, const Model& edge)
       : dialect_(dialect),
         options_(options),
-        http_(net::parse_url(options.url), net::HttpOptions{.insecure = options.insecure,
-                                                            .ca_file = options.ca_file,
-                                                            .api_key = options.api_key}),
+        http_(net::parse_url(options.url),
+              net::HttpOptions{.insecure = options.insecure,
+                               .ca_file = options.ca_file,
+                               .api_key = options.api_key,
+                               .max_body_bytes = options.max_answer_bytes}),
         tok_(edge.tokenizer()) {}
 
   std::string name() const override {
@@ -37,57 +44,97 @@ class StatelessBackend : public CloudBackend {
   }
 
   CloudModelInfo connect() override {
+    return cloud::only_cloud_errors(name() + ": connecting", [&] { return connect_unguarded(); });
+  }
+
+  CloudStepResult step(std::span<const TokenId> history, const CloudOp& op) override {
+    return cloud::only_cloud_errors(name() + ": step", [&] { return step_unguarded(history, op); });
+  }
+
+  void close() noexcept override {}
+  void abort() noexcept override { http_.abort(); }
+  CloudCounters counters() const override {
+    CloudCounters c = counters_;
+    c.bytes_up = http_.bytes_sent();
+    c.bytes_down = http_.bytes_received();
+    return c;
+  }
+
+ private:
+  CloudModelInfo connect_unguarded() {
     CloudModelInfo info;
     info.n_vocab = tok_.n_vocab();
     // The model name (OpenAI requests need it) and a vocabulary probe: /tokenize where the
     // server has it (llama.cpp and tandem serve; tandem also reports vocab_hash).
-    if (dialect_ == Dialect::OpenAi) {
-      const net::HttpResponse r = send("GET", "/v1/models", "");
-      const json j = parse(r, "listing the cloud's models");
-      if (r.status == 200 && j.contains("data") && j["data"].is_array() && !j["data"].empty() &&
-          j["data"][0].contains("id") && j["data"][0]["id"].is_string()) {
-        model_name_ = j["data"][0]["id"].get<std::string>();
-      } else {
-        throw status_error(r, j, "listing the cloud's models (GET /v1/models)");
-      }
-    }
-    info.name = model_name_;
-    const std::string probe = "Hello world, 12345!";
-    const net::HttpResponse r =
-        send("POST", "/tokenize",
-             json{{"content", probe}, {"add_special", false}, {"parse_special", false}}.dump());
-    if (r.status == 401 || r.status == 403) throw status_error(r, parse(r, ""), "POST /tokenize");
-    if (r.status == 200) {
-      const json j = parse(r, "POST /tokenize");
-      const std::string edge_hash = tok_.fingerprint_hex();
-      if (j.contains("vocab_hash") && j["vocab_hash"].is_string()) {
-        info.vocab_hash = j["vocab_hash"].get<std::string>();
-        if (info.vocab_hash != edge_hash) {
-          throw CloudError(CloudError::Kind::Fatal,
-                           "the cloud's vocabulary differs from the edge's: edge vocab_hash " +
-                               edge_hash + " (" + std::to_string(tok_.n_vocab()) +
-                               " tokens), cloud vocab_hash " + info.vocab_hash + " (" +
-                               std::to_string(j.value("n_vocab", 0)) + " tokens)");
-        }
-      } else if (j.contains("tokens") && j["tokens"].is_array()) {
-        std::vector<TokenId> ids;
-        for (const auto& t : j["tokens"]) {
-          if (t.is_number_integer()) ids.push_back(t.get<TokenId>());
-        }
-        const auto mine = tok_.encode(probe, false, false);
-        if (ids != mine) {
-          throw CloudError(CloudError::Kind::Fatal,
-                           "the cloud tokenizes a probe text differently from the edge (cloud " +
-                               j["tokens"].dump() + ", edge " + json(mine).dump() +
-                               "): the vocabularies differ");
-        }
-      }
-    }  // no /tokenize (vLLM, SGLang): nothing to check against; token ids are trusted
+    if (dialect_ == Dialect::OpenAi) model_name_ = first_model_name();
+    info.name = cloud::excerpt(model_name_, 128);  // shown on a terminal: printable only
+    check_vocabulary(info);
     connected_ = true;
     return info;
   }
 
-  CloudStepResult step(std::span<const TokenId> history, const CloudOp& op) override {
+  std::string first_model_name() {
+    const std::string what = "listing the cloud's models (GET /v1/models)";
+    const net::HttpResponse r = send("GET", "/v1/models", "");
+    if (r.status != 200) throw cloud::status_error(r, what);
+    const json j = cloud::parse_answer(r, what);
+    const auto data = j.find("data");
+    if (data == j.end() || !data->is_array() || data->empty() || !(*data)[0].is_object()) {
+      throw cloud::malformed(what, "expected 'data' to be a non-empty array of models");
+    }
+    return cloud::string_field((*data)[0], "id", what, 1024);
+  }
+
+  // Refuses (Fatal) a cloud whose /tokenize shows another vocabulary; a cloud without one
+  // (vLLM, SGLang) is trusted.
+  void check_vocabulary(CloudModelInfo& info) {
+    const std::string what = "POST /tokenize";
+    const std::string probe = "Hello world, 12345!";
+    const net::HttpResponse r =
+        send("POST", "/tokenize",
+             json{{"content", probe}, {"add_special", false}, {"parse_special", false}}.dump());
+    if (r.status == 401 || r.status == 403) throw cloud::status_error(r, what);
+    if (r.status != 200) return;
+    const json j = cloud::parse_answer(r, what);
+    const std::string edge_hash = tok_.fingerprint_hex();
+    if (cloud::has(j, "vocab_hash")) {
+      info.vocab_hash = cloud::string_field(j, "vocab_hash", what, 64);
+      if (info.vocab_hash != edge_hash) {
+        const int64_t n = cloud::int_field_or(j, "n_vocab", what, 0, INT_MAX, 0);
+        throw CloudError(CloudError::Kind::Fatal,
+                         "the cloud's vocabulary differs from the edge's: edge vocab_hash " +
+                             edge_hash + " (" + std::to_string(tok_.n_vocab()) +
+                             " tokens), cloud vocab_hash " + cloud::excerpt(info.vocab_hash, 64) +
+                             " (" + std::to_string(n) + " tokens)");
+      }
+      return;
+    }
+    if (!cloud::has(j, "tokens")) return;
+    const auto mine = tok_.encode(probe, false, false);
+    std::vector<TokenId> theirs;
+    try {
+      theirs = cloud::token_field(j, "tokens", what, tok_.n_vocab(), 4 * probe.size());
+    } catch (const CloudError& e) {
+      throw CloudError(CloudError::Kind::Fatal,
+                       std::string("the cloud tokenizes a probe text with ids the edge does not "
+                                   "have: the vocabularies differ (") +
+                           e.what() + ")");
+    }
+    if (theirs != mine) {
+      throw CloudError(CloudError::Kind::Fatal,
+                       "the cloud tokenizes a probe text differently from the edge (cloud " +
+                           ids_text(theirs) + ", edge " + ids_text(mine) +
+                           "): the vocabularies differ");
+    }
+  }
+
+  static std::string ids_text(const std::vector<TokenId>& ids) {
+    std::string s = "[";
+    for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+    return s + "]";
+  }
+
+  CloudStepResult step_unguarded(std::span<const TokenId> history, const CloudOp& op) {
     if (!connected_) connect();
     CloudStepResult out;
     if (op.kind == CloudOpKind::Sync) {
@@ -104,7 +151,9 @@ class StatelessBackend : public CloudBackend {
     bool eog = false;
     const std::vector<TokenId> gen = generate(prompt, n, sp, op.send_seed, &eog);
     std::vector<TokenId> tokens = gen;
-    if (eog && static_cast<int>(tokens.size()) < n) tokens.push_back(tok_.eos());
+    if (eog && static_cast<int>(tokens.size()) < n && tok_.eos() >= 0) {
+      tokens.push_back(tok_.eos());
+    }
     if (tokens.empty()) {
       throw CloudError(CloudError::Kind::Unavailable, name() + ": the answer has no tokens");
     }
@@ -132,16 +181,6 @@ class StatelessBackend : public CloudBackend {
     return out;
   }
 
-  void close() noexcept override {}
-  void abort() noexcept override { http_.abort(); }
-  CloudCounters counters() const override {
-    CloudCounters c = counters_;
-    c.bytes_up = http_.bytes_sent();
-    c.bytes_down = http_.bytes_received();
-    return c;
-  }
-
- private:
   std::vector<TokenId> generate(const std::vector<TokenId>& prompt, int n, const SamplingParams& sp,
                                 bool send_seed, bool* eog) {
     json body;
@@ -180,59 +219,77 @@ class StatelessBackend : public CloudBackend {
     }
     const std::string what = "POST " + path;
     const net::HttpResponse r = send("POST", path, body.dump());
-    const json j = parse(r, what);
-    if (r.status != 200) throw status_error(r, j, what);
-    std::vector<TokenId> ids;
-    auto bad = [&](const std::string& why) {
-      return CloudError(CloudError::Kind::Unavailable, what + ": " + why);
-    };
-    try {
-      switch (dialect_) {
-        case Dialect::OpenAi: {
-          const json& c = j.at("choices").at(0);
-          *eog = c.value("finish_reason", "") == "stop";
-          // vLLM's return_tokens_as_token_ids gives "token_id:N"; elsewhere the text is
-          // tokenized again (close, not always identical).
-          bool have_ids = false;
-          if (c.contains("logprobs") && c["logprobs"].is_object() &&
-              c["logprobs"].contains("tokens") && c["logprobs"]["tokens"].is_array()) {
-            have_ids = true;
-            std::vector<TokenId> parsed;
-            for (const auto& t : c["logprobs"]["tokens"]) {
-              const std::string s = t.is_string() ? t.get<std::string>() : "";
-              if (s.rfind("token_id:", 0) != 0) {
-                have_ids = false;
-                break;
-              }
-              parsed.push_back(static_cast<TokenId>(std::stol(s.substr(9))));
-            }
-            if (have_ids) ids = parsed;
-          }
-          if (!have_ids) ids = tok_.encode(c.at("text").get<std::string>(), false, false);
-          break;
-        }
-        case Dialect::SgLang: {
-          ids = j.at("output_ids").get<std::vector<TokenId>>();
-          const json& fr = j.at("meta_info").at("finish_reason");
-          *eog = fr.is_object() && fr.value("type", "") == "stop";
-          break;
-        }
-        case Dialect::LlamaCpp: {
-          ids = j.at("tokens").get<std::vector<TokenId>>();
-          *eog = j.value("stop_type", "") == "eos";
-          break;
-        }
+    if (r.status != 200) throw cloud::status_error(r, what);
+    const json j = cloud::parse_answer(r, what);
+    switch (dialect_) {
+      case Dialect::OpenAi:
+        return read_openai(j, what, n, eog);
+      case Dialect::SgLang: {
+        const json& meta = cloud::object_field(j, "meta_info", what);
+        const auto fr = meta.find("finish_reason");
+        *eog = fr != meta.end() && fr->is_object() &&
+               cloud::string_field_or(*fr, "type", what, 64, "") == "stop";
+        return cloud::token_field(j, "output_ids", what, tok_.n_vocab(), n);
       }
-    } catch (const json::exception& e) {
-      throw bad(std::string("unexpected answer shape (") + e.what() + ")");
-    } catch (const std::exception& e) {
-      throw bad(std::string("unexpected answer (") + e.what() + ")");
+      case Dialect::LlamaCpp:
+        *eog = cloud::string_field_or(j, "stop_type", what, 64, "") == "eos";
+        return cloud::token_field(j, "tokens", what, tok_.n_vocab(), n);
     }
-    if (static_cast<int>(ids.size()) > n) ids.resize(n);
-    for (TokenId t : ids) {
-      if (t < 0 || t >= tok_.n_vocab()) {
-        throw bad("token id " + std::to_string(t) + " is outside the vocabulary");
+    return {};
+  }
+
+  // choices[0]: the ids from vLLM's return_tokens_as_token_ids ("token_id:N" in
+  // logprobs.tokens); elsewhere the text tokenized again (close, not always identical).
+  std::vector<TokenId> read_openai(const json& j, const std::string& what, int n, bool* eog) {
+    const auto choices = j.find("choices");
+    if (choices == j.end() || !choices->is_array() || choices->empty() ||
+        !(*choices)[0].is_object()) {
+      throw cloud::malformed(what, "expected 'choices' to be a non-empty array of objects");
+    }
+    const json& c = (*choices)[0];
+    const auto reason = c.find("finish_reason");
+    *eog = reason != c.end() && reason->is_string() && *reason == "stop";
+    if (const auto lp = c.find("logprobs"); lp != c.end() && lp->is_object()) {
+      const auto tokens = lp->find("tokens");
+      if (tokens != lp->end() && tokens->is_array() && !tokens->empty() &&
+          (*tokens)[0].is_string() &&
+          (*tokens)[0].get_ref<const std::string&>().rfind("token_id:", 0) == 0) {
+        return token_id_strings(*tokens, what, n);
       }
+    }
+    // A token's text is rarely over a few dozen bytes: this bounds the work of tokenizing.
+    const size_t max_text = 256 * static_cast<size_t>(n) + 1024;
+    std::vector<TokenId> ids =
+        tok_.encode(cloud::string_field(c, "text", what, max_text), false, false);
+    if (static_cast<int>(ids.size()) > n) ids.resize(n);  // a re-tokenization may split more
+    return ids;
+  }
+
+  // ["token_id:12", ...]: every entry so, each id in the vocabulary, at most n of them.
+  std::vector<TokenId> token_id_strings(const json& tokens, const std::string& what, int n) {
+    const std::string field = "choices[0].logprobs.tokens";
+    if (tokens.size() > static_cast<size_t>(n)) {
+      throw cloud::malformed(what, "'" + field + "' has " + std::to_string(tokens.size()) +
+                                       " tokens, more than the " + std::to_string(n) +
+                                       " asked for");
+    }
+    std::vector<TokenId> ids;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const json& t = tokens[i];
+      const std::string_view s =
+          t.is_string() ? std::string_view(t.get_ref<const std::string&>()) : std::string_view();
+      int64_t id = -1;
+      const bool prefixed = s.rfind("token_id:", 0) == 0;
+      const char* first = s.data() + (prefixed ? 9 : 0);
+      const auto [end, ec] = std::from_chars(first, s.data() + s.size(), id);
+      if (!prefixed || ec != std::errc() || end != s.data() + s.size() || id < 0 ||
+          id >= tok_.n_vocab()) {
+        throw cloud::malformed(what, "'" + field + "'[" + std::to_string(i) + "] is '" +
+                                         cloud::excerpt(s, 40) +
+                                         "', expected 'token_id:N' with N in [0, " +
+                                         std::to_string(tok_.n_vocab()) + ")");
+      }
+      ids.push_back(static_cast<TokenId>(id));
     }
     return ids;
   }
@@ -243,39 +300,6 @@ class StatelessBackend : public CloudBackend {
                            milliseconds(static_cast<long>(options_.timeout_s * 1000)));
     } catch (const net::NetError& e) {
       throw CloudError(CloudError::Kind::Unavailable, e.what());
-    }
-  }
-
-  static json parse(const net::HttpResponse& r, const std::string&) {
-    json j = json::parse(r.body, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
-      return json{{"error", {{"message", r.body.substr(0, 300)}}}};
-    }
-    return j;
-  }
-
-  CloudError status_error(const net::HttpResponse& r, const json& j, const std::string& what) {
-    if (r.status == 200) {
-      return CloudError(CloudError::Kind::Unavailable,
-                        what + ": the answer is not what it should be");
-    }
-    std::string msg = what + ": HTTP " + std::to_string(r.status);
-    if (j.contains("error")) {
-      const json& e = j["error"];
-      msg += ": " + (e.is_object() && e.contains("message") && e["message"].is_string()
-                         ? e["message"].get<std::string>()
-                         : e.dump().substr(0, 300));
-    }
-    switch (r.status) {
-      case 401:
-      case 403:
-        return CloudError(CloudError::Kind::Fatal, msg + " (check --api-key)");
-      case 400:
-      case 404:
-      case 413:
-        return CloudError(CloudError::Kind::Rejected, msg);
-      default:
-        return CloudError(CloudError::Kind::Unavailable, msg);
     }
   }
 

@@ -16,6 +16,11 @@
 #include <boost/beast/ssl.hpp>
 #include <cctype>
 #include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <optional>
 
 namespace tandem::net {
 
@@ -95,6 +100,85 @@ Url parse_url(std::string_view text) {
   u.prefix = std::string(path);
   while (!u.prefix.empty() && u.prefix.back() == '/') u.prefix.pop_back();
   return u;
+}
+
+// ---- Retry-After ----
+
+namespace {
+
+bool all_digits(std::string_view s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+// "120" or "1.5": a plain decimal, no sign, no exponent; nullopt otherwise.
+std::optional<double> delta_seconds(std::string_view s) {
+  const size_t dot = s.find('.');
+  const std::string_view whole = s.substr(0, dot);
+  if (!all_digits(whole)) return std::nullopt;
+  if (dot != std::string_view::npos && !all_digits(s.substr(dot + 1))) return std::nullopt;
+  // More than six digits is more than the cap anyway (and keeps the number exact).
+  if (whole.size() > 6) return kMaxRetryAfterS;
+  const std::string text(s.substr(0, std::min<size_t>(s.size(), 24)));
+  return std::strtod(text.c_str(), nullptr);
+}
+
+int number_at(std::string_view s, size_t pos, size_t len) {
+  const std::string_view part = s.substr(pos, len);
+  if (part.size() != len || !all_digits(part)) return -1;
+  int v = 0;
+  for (char c : part) v = v * 10 + (c - '0');
+  return v;
+}
+
+// An IMF-fixdate, "Sun, 06 Nov 1994 08:49:37 GMT" (exactly 29 characters), as Unix seconds.
+std::optional<double> imf_fixdate(std::string_view s) {
+  static constexpr const char* kMonths = "JanFebMarAprMayJunJulAugSepOctNovDec";
+  if (s.size() != 29 || s.substr(3, 2) != ", " || s[7] != ' ' || s[11] != ' ' || s[16] != ' ' ||
+      s[19] != ':' || s[22] != ':' || s.substr(25) != " GMT") {
+    return std::nullopt;
+  }
+  const char* month = std::strstr(kMonths, std::string(s.substr(8, 3)).c_str());
+  const int day = number_at(s, 5, 2), year = number_at(s, 12, 4);
+  const int hour = number_at(s, 17, 2), minute = number_at(s, 20, 2), second = number_at(s, 23, 2);
+  if (!month || (month - kMonths) % 3 != 0 || day < 1 || day > 31 || year < 0 || hour < 0 ||
+      hour > 23 || minute < 0 || minute > 59 || second < 0 || second > 60) {
+    return std::nullopt;
+  }
+  std::tm tm{};
+  tm.tm_year = year - 1900;
+  tm.tm_mon = static_cast<int>((month - kMonths) / 3);
+  tm.tm_mday = day;
+  tm.tm_hour = hour;
+  tm.tm_min = minute;
+  tm.tm_sec = second;
+  const std::time_t t = timegm(&tm);  // UTC, unlike mktime
+  if (t == static_cast<std::time_t>(-1)) return std::nullopt;
+  return static_cast<double>(t);
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+double parse_retry_after(std::string_view value, double now_unix_s) {
+  value = trim(value);
+  double wait = 0;
+  if (const auto delta = delta_seconds(value)) {
+    wait = *delta;
+  } else if (const auto date = imf_fixdate(value)) {
+    wait = *date - now_unix_s;
+  }
+  // NaN fails both comparisons and becomes 0 as well.
+  return wait > 0 ? std::min(wait, kMaxRetryAfterS) : 0.0;
+}
+
+double parse_retry_after(std::string_view value) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  return parse_retry_after(value, std::chrono::duration<double>(now).count());
 }
 
 // ---- client ----
@@ -295,14 +379,28 @@ HttpResponse HttpClient::request(std::string_view method, std::string_view targe
 
     http::response_parser<http::string_body> parser;
     parser.body_limit(options_.max_body_bytes);
+    // The header first, on its own: Beast 1.74's async_read parses eagerly and then loses the
+    // header's body_limit error, so a Content-Length over the limit would be reserved and read
+    // in full. Read alone, such a header fails with body_limit before any body.
     size_t read = 0;
-    impl_->with_stream([&](auto& stream) {
-      http::async_read(stream, impl_->buffer, parser, [&](const beast::error_code& e, size_t n) {
-        ec = e;
-        read = n;
+    for (const bool header_only : {true, false}) {
+      if (!header_only && parser.is_done()) break;
+      size_t n_read = 0;
+      impl_->with_stream([&](auto& stream) {
+        auto done = [&](const beast::error_code& e, size_t n) {
+          ec = e;
+          n_read = n;
+        };
+        if (header_only) {
+          http::async_read_header(stream, impl_->buffer, parser, done);
+        } else {
+          http::async_read(stream, impl_->buffer, parser, done);
+        }
       });
-    });
-    impl_->run();
+      impl_->run();
+      read += n_read;
+      if (ec) break;
+    }
     bytes_received_ += read;
     if (ec) {
       if (reused && attempt == 0 && read == 0 && is_stale_connection_error(ec) && !aborted_) {

@@ -21,6 +21,18 @@
 
 namespace tandem::net {
 
+// The longest pause a Retry-After header may impose on the device (seconds): a cloud that asks
+// for more is only believed up to here, so no answer can turn the cloud off for good.
+inline constexpr double kMaxRetryAfterS = 60;
+
+// Seconds a Retry-After header value asks the client to wait, within [0, kMaxRetryAfterS]:
+// delta-seconds ("120", also "1.5"), or an IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT")
+// measured from `now_unix_s`. Anything else ("inf", "nan", "-5", "1e308", junk, "") is not a
+// request to wait: 0, and the client's own backoff applies.
+double parse_retry_after(std::string_view value, double now_unix_s);
+// The same, measured from the system clock.
+double parse_retry_after(std::string_view value);
+
 struct Url {
   std::string scheme;  // "http" or "https"
   std::string host;    // without brackets for IPv6
@@ -38,6 +50,8 @@ struct HttpOptions {
   bool insecure = false;  // https: skip certificate and host name verification
   std::string ca_file;    // https: extra CA bundle (PEM), "" for the system's
   std::string api_key;    // sent as "Authorization: Bearer KEY" when not empty
+  // An answer's body over this fails the request with NetError::Protocol naming the limit (a
+  // hostile or broken server cannot make the device buffer without bound).
   size_t max_body_bytes = 64u << 20;
   std::string user_agent = "tandem-run/0.1";
 };

@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstdio>
 
+#include <boost/asio/ip/address.hpp>
+
 #include "cli/edge_flags.h"
 #include "common/error.h"
+#include "common/json_guard.h"
 #include "tokenizer/tokenizer.h"
 #include "ui/assets.h"
 
@@ -84,29 +87,108 @@ std::optional<size_t> query_number(const std::string& query, const std::string& 
   return 0;
 }
 
-// The host part of "http://host:port" or "host:port", lower-cased.
-std::string host_of(std::string s) {
-  if (const size_t scheme = s.find("://"); scheme != std::string::npos) s.erase(0, scheme + 3);
-  s = s.substr(0, s.find('/'));
+std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 
+bool listed(const std::vector<std::string>& hosts, const std::string& name) {
+  return std::find(hosts.begin(), hosts.end(), lower(name)) != hosts.end();
+}
+
+// A header value fit to quote in an error: short, printable ASCII.
+std::string quoted(const std::string& value) {
+  std::string out;
+  for (char c : value.substr(0, 100)) out += c >= 0x20 && c < 0x7f ? c : '?';
+  return "'" + out + (value.size() > 100 ? "...'" : "'");
+}
+
+std::string expected_hosts(const std::vector<std::string>& hosts) {
+  std::string out;
+  for (size_t i = 0; i < hosts.size(); ++i) out += (i ? ", " : "") + hosts[i];
+  return out;
+}
+
+// Wraps a connection's responder so that every answer carries security_headers().
+class SecureResponder : public Responder {
+ public:
+  explicit SecureResponder(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+  void send(int status, const std::string& content_type, std::string body,
+            const server::HeaderList& headers) override {
+    inner_->send(status, content_type, std::move(body), with_security(headers));
+  }
+  void start_stream(int status, const std::string& content_type,
+                    const server::HeaderList& headers) override {
+    inner_->start_stream(status, content_type, with_security(headers));
+  }
+  bool write(std::string chunk) override { return inner_->write(std::move(chunk)); }
+  void end() override { inner_->end(); }
+  bool alive() const override { return inner_->alive(); }
+
+ private:
+  static server::HeaderList with_security(const server::HeaderList& headers) {
+    server::HeaderList all = security_headers();
+    all.insert(all.end(), headers.begin(), headers.end());
+    return all;
+  }
+  std::shared_ptr<Responder> inner_;
+};
+
 }  // namespace
 
-std::string cross_site_refusal(const server::HttpRequest& request) {
+std::vector<std::string> allowed_hosts(int port, const std::string& bind_host) {
+  std::vector<std::string> names = {"127.0.0.1", "localhost", "[::1]"};
+  // A literal address the UI was bound to (not a name: a name can be rebound to another
+  // address; not 0.0.0.0 or ::, which no browser addresses).
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(bind_host, ec);
+  if (!ec && !address.is_unspecified() && !address.is_loopback()) {
+    names.push_back(address.is_v6() ? "[" + address.to_string() + "]" : address.to_string());
+  }
+  std::vector<std::string> hosts;
+  for (const auto& name : names) {
+    hosts.push_back(name + ":" + std::to_string(port));
+    if (port == 80) hosts.push_back(name);
+  }
+  return hosts;
+}
+
+std::string request_refusal(const server::HttpRequest& request,
+                            const std::vector<std::string>& hosts) {
+  const std::string host = request.header("host");
+  if (!listed(hosts, host)) {
+    return "Host " + quoted(host) + " is not this server (expected one of " +
+           expected_hosts(hosts) + "): tandem ui answers only on loopback, by address";
+  }
+  // Browsers name the page that sent a request; it must be this server's own page.
+  const std::string origin = request.header("origin");
+  const bool has_origin = request.headers.count("origin") > 0;
+  const bool own_origin = lower(origin).rfind("http://", 0) == 0 && listed(hosts, origin.substr(7));
+  if (has_origin && !own_origin) {
+    return "cross-origin request from " + quoted(origin) + " refused";
+  }
+  if (request.method != "POST") return "";
+  if (!has_origin) return "POST needs an Origin header naming this server's page";
   // A JSON content type makes a browser ask first (CORS preflight), which this server never
   // allows, so another site's page cannot start or stop answers here.
   const std::string type = request.header("content-type");
   if (type.rfind("application/json", 0) != 0) {
-    return "POST needs Content-Type: application/json (got '" + type + "')";
-  }
-  // Browsers name the page that sent a request; it must be this server's own page.
-  const std::string origin = request.header("origin");
-  if (!origin.empty() && host_of(origin) != host_of(request.header("host"))) {
-    return "cross-origin request from " + origin + " refused";
+    return "POST needs Content-Type: application/json (got " + quoted(type) + ")";
   }
   return "";
+}
+
+const server::HeaderList& security_headers() {
+  static const server::HeaderList headers = {
+      {"Content-Security-Policy",
+       "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+       "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+       "frame-ancestors 'none'"},
+      {"X-Frame-Options", "DENY"},
+      {"X-Content-Type-Options", "nosniff"},
+      {"Referrer-Policy", "no-referrer"},
+  };
+  return headers;
 }
 
 const EmbeddedAsset* find_asset(std::string_view path) {
@@ -119,6 +201,10 @@ const EmbeddedAsset* find_asset(std::string_view path) {
 
 GenerateRequest parse_generate_request(std::string_view body, const GenerateRequest& defaults,
                                        const UiLimits& limits) {
+  // Depth first: nothing below may meet a document that nests without bound.
+  if (const std::string deep = json_depth_error(body, limits.max_json_depth); !deep.empty()) {
+    throw RequestError("body", deep);
+  }
   const json j = json::parse(body, nullptr, false);
   if (j.is_discarded()) throw RequestError("body", "is not valid JSON");
   if (!j.is_object()) throw RequestError("body", "expected a JSON object");
@@ -128,7 +214,10 @@ GenerateRequest parse_generate_request(std::string_view body, const GenerateRequ
     const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) ==
         std::end(known)) {
-      throw RequestError(key.empty() ? "\"\"" : key,  // an empty name still names something
+      // An empty name still names something; a long one is cut.
+      throw RequestError(key.empty()       ? "\"\""
+                         : key.size() > 64 ? key.substr(0, 64) + "..."
+                                           : key,
                          "unknown field (known: prompt, mode, policy, threshold, "
                          "target_rate, n_predict, temp, continue)");
     }
@@ -212,8 +301,17 @@ std::string sse_event(std::string_view type, uint64_t id, const json& data) {
 // ---- UiServer ----
 
 UiServer::UiServer(const Model& edge_model, UiOptions options, BackendFactory make_backend)
-    : model_(edge_model), options_(std::move(options)), make_backend_(std::move(make_backend)) {
+    : model_(edge_model),
+      options_(std::move(options)),
+      hosts_(allowed_hosts(options_.port, options_.bind_host)),
+      make_backend_(std::move(make_backend)) {
   worker_ = std::thread([this] { worker_loop(); });
+}
+
+void UiServer::set_address(const std::string& bind_host, int port) {
+  options_.bind_host = bind_host;
+  options_.port = port;
+  hosts_ = allowed_hosts(port, bind_host);
 }
 
 UiServer::~UiServer() {
@@ -227,6 +325,14 @@ UiServer::~UiServer() {
 }
 
 void UiServer::handle(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  const auto secure = std::make_shared<SecureResponder>(std::move(responder));
+  if (const std::string refused = request_refusal(request, hosts_); !refused.empty()) {
+    return send_error(*secure, 403, "forbidden", refused);
+  }
+  route(request, secure);
+}
+
+void UiServer::route(const HttpRequest& request, const std::shared_ptr<Responder>& responder) {
   const std::string& path = request.path;
   if (path.rfind("/api/", 0) != 0) {
     if (request.method != "GET") {
@@ -235,11 +341,6 @@ void UiServer::handle(const HttpRequest& request, std::shared_ptr<Responder> res
     return serve_asset(request, *responder);
   }
   const bool get = request.method == "GET", post = request.method == "POST";
-  if (post) {
-    if (const std::string refused = cross_site_refusal(request); !refused.empty()) {
-      return send_error(*responder, 403, "forbidden", refused);
-    }
-  }
   if (path == "/api/info" && get) return send_json(*responder, 200, info());
   if (path == "/api/turns" && get) return send_json(*responder, 200, turns_json());
   if (path == "/api/generate" && post) return start_turn(request, responder);
@@ -276,7 +377,7 @@ void UiServer::serve_asset(const HttpRequest& request, Responder& responder) con
   if (!asset) return send_error(responder, 404, "not_found", "no page " + request.path);
   // no-cache: a rebuilt binary's page is picked up on reload.
   responder.send(200, asset->content_type, std::string(asset->data, asset->size),
-                 {{"Cache-Control", "no-cache"}, {"X-Content-Type-Options", "nosniff"}});
+                 {{"Cache-Control", "no-cache"}});
 }
 
 json UiServer::info() const {

@@ -7,9 +7,13 @@
 //                                     start, token..., done (or error); 400 names a bad field,
 //                                     409 while another turn runs (one at a time per process)
 //   POST /api/stop                   stops the running turn at its next token
-//   (POSTs need Content-Type: application/json and no foreign Origin: 403 otherwise)
 //   GET  /api/turns                  every kept turn with its events (a reloaded page redraws)
 //   GET  /api/turns/ID/events?after=N  the turn's events after the N-th, then live ones
+//
+// Every route first checks that the request comes from this server's own page (see
+// request_refusal: a loopback Host with the UI's port, an allowed Origin, a JSON POST) and
+// answers 403 otherwise; every answer carries a Content-Security-Policy and the headers that
+// keep the page out of frames and sniffers (security_headers()).
 //
 // One worker thread decodes; the HTTP threads only parse, queue and copy events to the streams.
 // A turn goes on when its browser goes away, and a reconnecting page picks it up again.
@@ -54,6 +58,7 @@ class RequestError : public std::invalid_argument {
 struct UiLimits {
   int max_predict = 1024;
   size_t max_prompt_bytes = 32 * 1024;
+  int max_json_depth = 8;  // a generate request nests 1 deep
   size_t kept_turns = 32;  // turns /api/turns keeps for a reloaded page
 };
 
@@ -71,9 +76,25 @@ struct GenerateRequest {
 GenerateRequest parse_generate_request(std::string_view body, const GenerateRequest& defaults,
                                        const UiLimits& limits);
 
-// Why a POST is refused as possibly sent by another site's page (empty: accepted): it must say
-// Content-Type: application/json, and an Origin, when sent, must be this server's own host.
-std::string cross_site_refusal(const server::HttpRequest& request);
+// The hosts a request may name (Host header; Origin after "http://"): the loopback names with
+// the UI's port -- "127.0.0.1:PORT", "localhost:PORT", "[::1]:PORT" -- and, for a UI bound to
+// another literal IP address (--host), that address with the port. The bare names are allowed
+// only on port 80, where browsers leave the port out. A name is what a DNS-rebinding page cannot
+// fake: its requests carry the attacker's own host name.
+std::vector<std::string> allowed_hosts(int port, const std::string& bind_host = "127.0.0.1");
+
+// Why a request is refused as possibly sent by another site's page (empty: accepted):
+// - Host must be one of `hosts` (case-insensitive), on every route;
+// - an Origin, when sent, must be "http://" + one of `hosts`;
+// - a POST must send such an Origin (browsers always do) and Content-Type: application/json
+//   (a JSON POST makes a browser ask first, with a CORS preflight this server never allows).
+std::string request_refusal(const server::HttpRequest& request,
+                            const std::vector<std::string>& hosts);
+
+// The headers every answer carries: a Content-Security-Policy that allows only the page's own
+// files (no inline script or style, no frames, no plugins, no <base>), X-Frame-Options: DENY,
+// X-Content-Type-Options: nosniff and Referrer-Policy: no-referrer.
+const server::HeaderList& security_headers();
 
 // One server-sent event: "id: ID\nevent: TYPE\ndata: JSON\n\n".
 std::string sse_event(std::string_view type, uint64_t id, const nlohmann::json& data);
@@ -83,6 +104,10 @@ struct UiOptions {
   GenerateRequest defaults;
   UiLimits limits;
   std::string model_name, cloud_url, cloud_api;
+  // Where the page is served: the allowed Host and Origin values follow from these (set_address
+  // replaces them once the listening port is known, e.g. with --port 0).
+  std::string bind_host = "127.0.0.1";
+  int port = 0;
 };
 
 class UiServer {
@@ -95,9 +120,15 @@ class UiServer {
   UiServer(const UiServer&) = delete;
   UiServer& operator=(const UiServer&) = delete;
 
+  // The address the HTTP server listens on (call before it serves requests); until then the
+  // options' bind_host and port are used.
+  void set_address(const std::string& bind_host, int port);
+
   void handle(const server::HttpRequest& request, std::shared_ptr<server::Responder> responder);
 
  private:
+  void route(const server::HttpRequest& request,
+             const std::shared_ptr<server::Responder>& responder);
   struct Turn {
     uint64_t id = 0;
     GenerateRequest request;
@@ -123,6 +154,7 @@ class UiServer {
 
   const Model& model_;
   UiOptions options_;
+  std::vector<std::string> hosts_;  // allowed_hosts(), set before requests are served
   BackendFactory make_backend_;
 
   mutable std::mutex mutex_;

@@ -136,12 +136,17 @@ def main():
                    "ui.log")
         page = f"http://127.0.0.1:{ui_port}/"
         wait_http(page + "api/info", 60)
+        with urllib.request.urlopen(page, timeout=5) as r:
+            csp = r.headers.get("Content-Security-Policy") or ""
+        check("default-src 'self'" in csp and "frame-ancestors 'none'" in csp,
+              f"the page is served with a Content-Security-Policy ({csp})")
 
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
         for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                     "--window-size=1280,900", "--force-device-scale-factor=1"):
             options.add_argument(arg)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP reports land there
         os.environ["SE_OFFLINE"] = "true"  # never let Selenium Manager look for a driver online
         driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
         driver.set_page_load_timeout(20)
@@ -318,6 +323,10 @@ def run(driver, wait, page, cloud):
           f"the notice says so: {notice.text!r}")
     driver.execute_script("window.scrollTo(0, 0)")  # the notice and the stats are at the top
     shot(driver, "cloud-down")
+    # The page works under its own Content-Security-Policy: nothing was refused.
+    refused = [e["message"] for e in driver.get_log("browser")
+               if "Content Security Policy" in e["message"] or "Refused to" in e["message"]]
+    check(not refused, f"no Content-Security-Policy violations in the console {refused[:3]}")
     print(f"{checks} checks passed in {time.time() - T0:.1f} s")
 
 

@@ -1,10 +1,20 @@
-// tandem ui's server without sockets: request parsing, the SSE framing, and the handler driven
-// with a recording Responder over a tiny test model (local mode, and route mode against a cloud
-// that refuses connections). The browser test (test_ui_browser.py) covers the real page.
-#include <gtest/gtest.h>
+// tandem ui's server: request parsing, the SSE framing, and the handler driven with a recording
+// Responder over a tiny test model (local mode, and route mode against a cloud that refuses
+// connections); then the handler behind a real HTTP server on 127.0.0.1, attacked as a
+// DNS-rebinding or cross-site page would (wrong Host, foreign Origin, deep JSON) while a
+// legitimate request still works. The browser test (test_ui_browser.py) covers the real page.
+#include <utility>  // before Boost 1.74's asio (std::exchange)
 
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -90,6 +100,55 @@ TEST(UiRequest, FieldsOverrideTheDefaults) {
   EXPECT_DOUBLE_EQ(r.router.random_rate, 0.3);
   EXPECT_FALSE(r.router.target_rate.has_value());
   EXPECT_EQ(r.router.random_seed, 42u);
+}
+
+TEST(UiRequest, DeepJsonIsRefusedBeforeParsing) {
+  const std::string deep =
+      R"({"prompt":)" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  try {
+    parse_generate_request(deep, GenerateRequest{}, UiLimits{});
+    FAIL() << "accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.field(), "body");
+    EXPECT_NE(e.problem().find("deeper than 8"), std::string::npos) << e.problem();
+  }
+  // A long unknown name is cut in the answer.
+  try {
+    parse_generate_request(json{{"prompt", "a"}, {std::string(5000, 'k'), 1}}.dump(),
+                           GenerateRequest{}, UiLimits{});
+    FAIL() << "accepted";
+  } catch (const RequestError& e) {
+    EXPECT_LT(e.field().size(), 80u);
+  }
+}
+
+TEST(UiHosts, LoopbackNamesWithThePort) {
+  EXPECT_EQ(allowed_hosts(8090),
+            (std::vector<std::string>{"127.0.0.1:8090", "localhost:8090", "[::1]:8090"}));
+  // Browsers leave out port 80.
+  EXPECT_EQ(allowed_hosts(80).size(), 6u);
+  // A literal address the UI is bound to is its own name too; a host name or 0.0.0.0 is not.
+  EXPECT_EQ(allowed_hosts(8090, "192.168.1.5").back(), "192.168.1.5:8090");
+  EXPECT_EQ(allowed_hosts(8090, "fe80::1").back(), "[fe80::1]:8090");
+  EXPECT_EQ(allowed_hosts(8090, "0.0.0.0").size(), 3u);
+  EXPECT_EQ(allowed_hosts(8090, "my-laptop.local").size(), 3u);
+}
+
+TEST(UiHosts, RefusalNamesTheHeader) {
+  const auto hosts = allowed_hosts(8090);
+  server::HttpRequest r;
+  r.method = "GET";
+  r.headers["host"] = "LocalHost:8090";
+  EXPECT_EQ(request_refusal(r, hosts), "");
+  r.headers["host"] = "evil.example:8090";
+  EXPECT_NE(request_refusal(r, hosts).find("Host 'evil.example:8090'"), std::string::npos);
+  r.headers.erase("host");
+  EXPECT_NE(request_refusal(r, hosts).find("Host ''"), std::string::npos);
+  r.headers["host"] = "127.0.0.1:8090";
+  r.headers["origin"] = "http://127.0.0.1.evil.example:8090";
+  EXPECT_NE(request_refusal(r, hosts).find("cross-origin"), std::string::npos);
+  r.headers["origin"] = "https://127.0.0.1:8090";  // the UI speaks plain HTTP only
+  EXPECT_NE(request_refusal(r, hosts).find("cross-origin"), std::string::npos);
 }
 
 TEST(UiSse, OneEventPerBlock) {
@@ -199,7 +258,10 @@ server::HttpRequest request(const std::string& method, const std::string& target
   if (q != std::string::npos) r.query = target.substr(q + 1);
   r.body = body;
   r.headers["host"] = "127.0.0.1:8090";
-  if (method == "POST") r.headers["content-type"] = "application/json";
+  if (method == "POST") {
+    r.headers["content-type"] = "application/json";
+    r.headers["origin"] = "http://127.0.0.1:8090";
+  }
   return r;
 }
 
@@ -223,6 +285,7 @@ class UiServerTest : public ::testing::Test {
     o.defaults.n_predict = 8;
     o.model_name = "synth";
     o.cloud_url = cloud_url;
+    o.port = 8090;
     UiServer::BackendFactory factory = [cloud_url]() -> std::unique_ptr<CloudBackend> {
       if (cloud_url.empty()) return nullptr;
       CloudOptions c;
@@ -285,16 +348,20 @@ TEST_F(UiServerTest, PostsFromOtherSitesAreRefused) {
   auto post = [&](const std::string& content_type, const std::string& origin) {
     server::HttpRequest req = request("POST", "/api/stop", "{}");
     req.headers["content-type"] = content_type;
+    req.headers.erase("origin");
     if (!origin.empty()) req.headers["origin"] = origin;
     auto r = std::make_shared<RecordingResponder>();
     ui->handle(req, r);
     return r->status();
   };
-  EXPECT_EQ(post("application/json", ""), 200);
   EXPECT_EQ(post("application/json", "http://127.0.0.1:8090"), 200);
-  // A form or a plain fetch from another page (no preflight) and another origin are refused.
-  EXPECT_EQ(post("text/plain", ""), 403);
-  EXPECT_EQ(post("", ""), 403);
+  EXPECT_EQ(post("application/json; charset=utf-8", "http://localhost:8090"), 200);
+  // A form or a plain fetch from another page (no preflight), no Origin at all, and another
+  // origin are refused.
+  EXPECT_EQ(post("text/plain", "http://127.0.0.1:8090"), 403);
+  EXPECT_EQ(post("", "http://127.0.0.1:8090"), 403);
+  EXPECT_EQ(post("application/json", ""), 403);
+  EXPECT_EQ(post("application/json", "null"), 403);
   EXPECT_EQ(post("application/json", "http://evil.example"), 403);
   EXPECT_EQ(post("application/json", "http://127.0.0.1:9999"), 403);
   EXPECT_EQ(call(*ui, "HEAD", "/")->status(), 405);
@@ -435,6 +502,231 @@ TEST_F(UiServerTest, DeadCloudFallsBackAndSaysSo) {
       }
     }
   }
+}
+
+// ---- over a real socket ----
+
+struct RawAnswer {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;                            // as sent (chunked framing left in)
+  json body_json() const { return json::parse(body, nullptr, false); }
+};
+
+// Sends `request` as is on a new connection and reads until the server closes it.
+RawAnswer raw_exchange(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  RawAnswer out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return out;
+  }
+  timeval limit{60, 0};  // only a hang is caught here
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  for (size_t sent = 0; sent < request.size();) {
+    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string in;
+  char buf[16384];
+  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) in.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const size_t end = in.find("\r\n\r\n");
+  if (in.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return out;
+  out.status = std::stoi(in.substr(9, 3));
+  for (size_t line = in.find("\r\n") + 2; line < end;) {
+    const size_t next = in.find("\r\n", line);
+    const std::string field = in.substr(line, next - line);
+    const size_t colon = field.find(':');
+    std::string name = field.substr(0, colon);
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    out.headers[name] = field.substr(field.find_first_not_of(' ', colon + 1));
+    line = next + 2;
+  }
+  out.body = in.substr(end + 4);
+  return out;
+}
+
+std::string http_request(const std::string& method, const std::string& target,
+                         const std::vector<std::string>& headers, const std::string& body = "") {
+  std::string r = method + " " + target + " HTTP/1.1\r\n";
+  for (const auto& h : headers) r += h + "\r\n";
+  if (method == "POST") r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  return r + "Connection: close\r\n\r\n" + body;
+}
+
+// tandem ui's handler behind the HTTP server tandem ui runs, on a free loopback port.
+class UiSocketTest : public UiServerTest {
+ protected:
+  void SetUp() override {
+    ui_ = make_server();
+    server::HttpServerOptions o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.max_body_bytes = 64 * 1024;  // as tandem ui sets it
+    http_ = std::make_unique<server::HttpServer>(
+        io_, o, [this](const server::HttpRequest& req, std::shared_ptr<server::Responder> res) {
+          ui_->handle(req, std::move(res));
+        });
+    http_->start();
+    port_ = http_->port();
+    ui_->set_address("127.0.0.1", port_);
+    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  }
+  void TearDown() override {
+    http_->stop_accepting();
+    io_.stop();
+    for (auto& t : threads_) t.join();
+    http_.reset();
+    ui_.reset();
+  }
+
+  std::string own() const { return "127.0.0.1:" + std::to_string(port_); }
+  RawAnswer get(const std::string& target, const std::string& host,
+                const std::string& origin = "") {
+    std::vector<std::string> h = {"Host: " + host};
+    if (!origin.empty()) h.push_back("Origin: " + origin);
+    return raw_exchange(port_, http_request("GET", target, h));
+  }
+  RawAnswer post(const std::string& target, const std::string& body, const std::string& host,
+                 const std::string& origin) {
+    std::vector<std::string> h = {"Host: " + host, "Content-Type: application/json"};
+    if (!origin.empty()) h.push_back("Origin: " + origin);
+    return raw_exchange(port_, http_request("POST", target, h, body));
+  }
+
+  static void expect_security_headers(const RawAnswer& a, const std::string& label) {
+    const auto header = [&](const char* name) {
+      const auto it = a.headers.find(name);
+      return it == a.headers.end() ? std::string("(absent)") : it->second;
+    };
+    const std::string csp = header("content-security-policy");
+    for (const char* directive :
+         {"default-src 'self'", "frame-ancestors 'none'", "object-src 'none'", "base-uri 'none'"}) {
+      EXPECT_NE(csp.find(directive), std::string::npos) << label << ": CSP '" << csp << "'";
+    }
+    EXPECT_EQ(csp.find("unsafe-inline"), std::string::npos) << label;
+    EXPECT_EQ(header("x-frame-options"), "DENY") << label;
+    EXPECT_EQ(header("x-content-type-options"), "nosniff") << label;
+    EXPECT_EQ(header("referrer-policy"), "no-referrer") << label;
+  }
+
+  boost::asio::io_context io_;
+  std::unique_ptr<UiServer> ui_;
+  std::unique_ptr<server::HttpServer> http_;
+  std::vector<std::thread> threads_;
+  int port_ = 0;
+};
+
+TEST_F(UiSocketTest, WrongHostIsRefusedOnEveryRoute) {
+  const std::string port = std::to_string(port_);
+  const std::vector<std::string> bad_hosts = {
+      "evil.example:" + port,      // a DNS-rebinding page: its own name, our address
+      "evil.example",              // without the port
+      "127.0.0.1",                 // the right address, no port (the UI is not on 80)
+      "localhost",                 //
+      "127.0.0.1:1",               // another port
+      "127.0.0.1.nip.io:" + port,  // a name that resolves to loopback is still a name
+      "[::1]:1",                   //
+      "",                          // empty
+  };
+  const std::vector<std::pair<std::string, std::string>> routes = {
+      {"GET", "/"},         {"GET", "/ui.js"},         {"GET", "/ui.css"},
+      {"GET", "/api/info"}, {"GET", "/api/turns"},     {"GET", "/api/turns/1/events?after=0"},
+      {"GET", "/nothing"},  {"POST", "/api/generate"}, {"POST", "/api/stop"},
+  };
+  for (const auto& host : bad_hosts) {
+    for (const auto& [method, target] : routes) {
+      // The page's own Origin: only the Host is wrong.
+      const RawAnswer a = method == "GET"
+                              ? get(target, host)
+                              : post(target, R"({"prompt":"hi"})", host, "http://" + own());
+      const std::string label = method + " " + target + " Host '" + host + "'";
+      EXPECT_EQ(a.status, 403) << label;
+      EXPECT_EQ(a.body_json()["error"]["code"], "forbidden") << label << ": " << a.body;
+      EXPECT_NE(a.body.find("is not this server"), std::string::npos) << label << ": " << a.body;
+      expect_security_headers(a, label);
+    }
+  }
+  // No Host header at all.
+  const RawAnswer none = raw_exchange(port_, "GET /api/info HTTP/1.1\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(none.status, 403);
+  // Nothing was started by any of it.
+  EXPECT_EQ(get("/api/turns", own()).body_json()["turns"].size(), 0u);
+}
+
+TEST_F(UiSocketTest, ForeignOriginsAreRefused) {
+  const std::string port = std::to_string(port_);
+  const std::string body = R"({"prompt":"hi","mode":"local","n_predict":2})";
+  for (const std::string& origin : std::vector<std::string>{
+           "http://evil.example:" + port, "http://evil.example", "null", "http://127.0.0.1:1",
+           "https://127.0.0.1:" + port, "http://127.0.0.1:" + port + ".evil.example"}) {
+    const RawAnswer p = post("/api/generate", body, own(), origin);
+    EXPECT_EQ(p.status, 403) << origin;
+    EXPECT_NE(p.body.find("cross-origin"), std::string::npos) << origin << ": " << p.body;
+    // A cross-origin read (a CORS fetch names its page) is refused as well.
+    EXPECT_EQ(get("/api/turns", own(), origin).status, 403) << origin;
+    EXPECT_EQ(get("/api/info", own(), origin).status, 403) << origin;
+  }
+  // The rebinding page controls Host and Origin alike: both name it, both are refused.
+  EXPECT_EQ(
+      post("/api/generate", body, "evil.example:" + port, "http://evil.example:" + port).status,
+      403);
+  // A POST with no Origin at all (no browser sends one so).
+  const RawAnswer bare = post("/api/stop", "{}", own(), "");
+  EXPECT_EQ(bare.status, 403);
+  EXPECT_NE(bare.body.find("Origin"), std::string::npos) << bare.body;
+  EXPECT_EQ(get("/api/turns", own()).body_json()["turns"].size(), 0u);
+}
+
+TEST_F(UiSocketTest, DeepJsonIs400AndALegitimateTurnStillWorks) {
+  const std::string origin = "http://" + own();
+  // 30,000 nested arrays: within the 64 KiB body limit, refused before any parser runs.
+  const std::string deep =
+      R"({"prompt":)" + std::string(30000, '[') + std::string(30000, ']') + "}";
+  const RawAnswer d = post("/api/generate", deep, own(), origin);
+  EXPECT_EQ(d.status, 400);
+  EXPECT_EQ(d.body_json()["error"]["field"], "body") << d.body;
+  EXPECT_NE(d.body.find("nests deeper than 8"), std::string::npos) << d.body;
+  expect_security_headers(d, "deep JSON");
+  // A prompt over the cap is named.
+  const RawAnswer big =
+      post("/api/generate", json{{"prompt", std::string(40000, 'a')}}.dump(), own(), origin);
+  EXPECT_EQ(big.status, 400);
+  EXPECT_EQ(big.body_json()["error"]["field"], "prompt") << big.body;
+
+  // The page, its files and a whole turn, by each loopback name.
+  const std::string port = std::to_string(port_);
+  for (const std::string& host :
+       {own(), "localhost:" + port, "LOCALHOST:" + port, "[::1]:" + port}) {
+    const RawAnswer page = get("/", host);
+    EXPECT_EQ(page.status, 200) << host;
+    EXPECT_NE(page.body.find("<html"), std::string::npos) << host;
+    expect_security_headers(page, "page via " + host);
+    EXPECT_EQ(get("/api/info", host).body_json()["model"], "synth") << host;
+  }
+  expect_security_headers(get("/ui.js", own()), "ui.js");
+  expect_security_headers(get("/nothing", own()), "404");
+  const RawAnswer turn =
+      post("/api/generate", R"({"prompt":"Hello","mode":"local","n_predict":3})", own(), origin);
+  EXPECT_EQ(turn.status, 200);
+  EXPECT_EQ(turn.headers.at("content-type"), "text/event-stream");
+  expect_security_headers(turn, "event stream");
+  EXPECT_NE(turn.body.find("event: done"), std::string::npos) << turn.body;
+  for (int i = 0; i < 500 && get("/api/info", own()).body_json()["busy"] != false; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  const RawAnswer kept = get("/api/turns", own());
+  EXPECT_EQ(kept.status, 200);
+  EXPECT_EQ(kept.body_json()["turns"].size(), 1u);
+  const RawAnswer replay = get("/api/turns/1/events?after=0", "localhost:" + port);
+  EXPECT_EQ(replay.status, 200);
+  EXPECT_NE(replay.body.find("event: done"), std::string::npos);
 }
 
 }  // namespace

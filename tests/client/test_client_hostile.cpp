@@ -1,0 +1,648 @@
+// The device against a hostile cloud: a fake server on 127.0.0.1 (a thread of this test, real
+// sockets) that answers sessions and steps the way a broken or malicious cloud could -- 100,000
+// nested arrays, huge or nested error messages, absurd Retry-After values, fields of the wrong
+// type, token ids outside the vocabulary, lengths and positions that do not add up, a body over
+// the size limit. Each time the backend throws a CloudError (nothing else), and the edge decoder
+// in route mode still returns the whole answer, decoded locally, with every fallback counted.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "client/cloud_answer.h"
+#include "common/testdata.h"
+#include "net/http_client.h"
+#include "tandem/client.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+// ---- the fake cloud ----
+
+struct Exchange {
+  std::string method, target, body;
+  bool is_create() const { return method == "POST" && target == "/tandem/v1/sessions"; }
+  bool is_step() const { return target.find("/step") != std::string::npos; }
+};
+
+// A whole HTTP/1.1 answer.
+std::string http_answer(int status, const std::string& body, const std::string& headers = "") {
+  return "HTTP/1.1 " + std::to_string(status) +
+         " X\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n" + headers + "\r\n" + body;
+}
+
+// What an honest tandem serve would answer (every generated token is kToken).
+class HonestSession {
+ public:
+  static constexpr TokenId kToken = 7;
+  HonestSession(std::string vocab_hash, int n_vocab)
+      : vocab_hash_(std::move(vocab_hash)), n_vocab_(n_vocab) {}
+
+  json create_json() const {
+    return {
+        {"session", "s1"},
+        {"pos", 0},
+        {"protocol", 1},
+        {"model",
+         {{"name", "fake"}, {"arch", "llama"}, {"n_vocab", n_vocab_}, {"vocab_hash", vocab_hash_}}},
+        {"limits", {{"n_ctx", 512}, {"max_generate", 64}, {"max_draft", 16}}}};
+  }
+  json step_json(const Exchange& ex) const {
+    const json req = json::parse(ex.body);
+    const int n = req.contains("generate") ? req["generate"].value("n", 1) : 0;
+    const int pos = req.value("expected_pos", 0) + static_cast<int>(req["append"].size()) + n;
+    return {{"pos", pos},
+            {"tokens", std::vector<TokenId>(n, kToken)},
+            {"logprobs", std::vector<float>(n, -0.5f)},
+            {"prefilled", 0},
+            {"stop", "length"}};
+  }
+  std::string answer(const Exchange& ex) const {
+    if (ex.is_create()) return http_answer(201, create_json().dump());
+    if (ex.is_step()) return http_answer(200, step_json(ex).dump());
+    return http_answer(200, "{}");  // DELETE
+  }
+
+ private:
+  std::string vocab_hash_;
+  int n_vocab_;
+};
+
+class FakeCloud {
+ public:
+  using Script = std::function<std::string(const Exchange&)>;
+
+  explicit FakeCloud(Script script) : script_(std::move(script)) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    socklen_t len = sizeof addr;
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    listen(listen_fd_, 16);
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~FakeCloud() {
+    stop_ = true;
+    shutdown(listen_fd_, SHUT_RDWR);
+    close(listen_fd_);
+    acceptor_.join();
+    {
+      std::lock_guard lock(mu_);
+      for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+    }
+    for (auto& t : connections_) t.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int requests() const { return requests_.load(); }
+
+ private:
+  void accept_loop() {
+    for (;;) {
+      const int fd = accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0 || stop_) {
+        if (fd >= 0) close(fd);
+        return;
+      }
+      std::lock_guard lock(mu_);
+      fds_.push_back(fd);
+      connections_.emplace_back([this, fd] {
+        serve(fd);
+        close(fd);
+      });
+    }
+  }
+
+  // Reads one request (headers, then Content-Length bytes); false when the client is gone.
+  static bool read_request(int fd, std::string& in, Exchange& ex) {
+    char buf[16384];
+    size_t end;
+    while ((end = in.find("\r\n\r\n")) == std::string::npos) {
+      const ssize_t n = recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return false;
+      in.append(buf, static_cast<size_t>(n));
+    }
+    const std::string head = in.substr(0, end);
+    size_t length = 0;
+    if (const size_t cl = head.find("Content-Length: "); cl != std::string::npos) {
+      length = std::stoul(head.substr(cl + 16));
+    }
+    while (in.size() < end + 4 + length) {
+      const ssize_t n = recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return false;
+      in.append(buf, static_cast<size_t>(n));
+    }
+    const size_t sp1 = head.find(' '), sp2 = head.find(' ', sp1 + 1);
+    ex.method = head.substr(0, sp1);
+    ex.target = head.substr(sp1 + 1, sp2 - sp1 - 1);
+    ex.body = in.substr(end + 4, length);
+    in.erase(0, end + 4 + length);
+    return true;
+  }
+
+  void serve(int fd) {
+    std::string in;
+    Exchange ex;
+    while (!stop_ && read_request(fd, in, ex)) {
+      ++requests_;
+      const std::string out = script_(ex);
+      for (size_t sent = 0; sent < out.size();) {
+        const ssize_t n = send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+        if (n <= 0) return;
+        sent += static_cast<size_t>(n);
+      }
+    }
+  }
+
+  Script script_;
+  int listen_fd_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::thread> connections_;
+};
+
+// ---- hostile documents ----
+
+std::string nested_arrays(int depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
+}
+
+// An answer whose body is `body` with status `status`, for one kind of request only; everything
+// else is answered honestly.
+FakeCloud::Script on_step(const HonestSession& honest, int status, std::string body,
+                          std::string headers = "") {
+  return [&honest, status, body, headers](const Exchange& ex) {
+    return ex.is_step() ? http_answer(status, body, headers) : honest.answer(ex);
+  };
+}
+FakeCloud::Script on_create(const HonestSession& honest, int status, std::string body) {
+  return [&honest, status, body](const Exchange& ex) {
+    return ex.is_create() ? http_answer(status, body) : honest.answer(ex);
+  };
+}
+// A step answer: the honest one with `patch` merged over it (a null removes a field).
+FakeCloud::Script patched_step(const HonestSession& honest, json patch) {
+  return [&honest, patch](const Exchange& ex) {
+    if (!ex.is_step()) return honest.answer(ex);
+    json j = honest.step_json(ex);
+    j.merge_patch(patch);
+    return http_answer(200, j.dump());
+  };
+}
+FakeCloud::Script patched_create(const HonestSession& honest, json patch) {
+  return [&honest, patch](const Exchange& ex) {
+    if (!ex.is_create()) return honest.answer(ex);
+    json j = honest.create_json();
+    j.merge_patch(patch);
+    return http_answer(201, j.dump());
+  };
+}
+
+// ---- fixture ----
+
+class HostileCloudTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    edge_ = Model::load(testing::testdata_path("models/synth-llama-Q4_K_M.gguf")).release();
+    prompt_ = edge_->tokenizer().encode("The quick brown fox", true, false);
+    Context ctx(*edge_, {.n_ctx = 256, .n_seq = 1, .n_threads = 1});
+    SamplingParams sp;
+    sp.temp = 0;
+    Sampler sampler(sp);
+    local_ = generate(ctx, prompt_, kN, sampler).ids;
+    honest_ = new HonestSession(edge_->tokenizer().fingerprint_hex(), edge_->tokenizer().n_vocab());
+  }
+  static void TearDownTestSuite() {
+    delete honest_;
+    delete edge_;
+  }
+
+  static CloudOptions cloud_options(const FakeCloud& cloud, const std::string& api = "tandem") {
+    CloudOptions c;
+    c.url = cloud.url();
+    c.api = api;
+    c.timeout_s = 5;
+    return c;
+  }
+
+  static EdgeOptions route_always() {
+    EdgeOptions o;
+    o.mode = EdgeMode::Route;
+    o.router = parse_router_policy("always");
+    o.sampling.temp = 0;
+    o.context = {.n_ctx = 256, .n_seq = 1, .n_threads = 1};
+    o.cloud_timeout_s = 5;
+    o.backoff_initial_s = 0.01;
+    o.backoff_max_s = 0.05;
+    return o;
+  }
+
+  // The edge against `cloud` in route mode (every token asks the cloud): the whole answer comes
+  // back decoded locally and every token is a counted fallback.
+  static EdgeResult expect_local_fallback(const FakeCloud& cloud, const std::string& label,
+                                          const std::string& api = "tandem") {
+    EdgeDecoder edge(*edge_, route_always(), make_cloud_backend(cloud_options(cloud, api), *edge_));
+    EXPECT_NO_THROW(edge.start()) << label;
+    const EdgeResult r = edge.generate(prompt_, kN);
+    EXPECT_EQ(r.ids, local_) << label;
+    EXPECT_EQ(r.stats.tokens, kN) << label;
+    EXPECT_EQ(r.stats.fallbacks, kN) << label;
+    EXPECT_EQ(r.stats.cloud_tokens, 0) << label;
+    EXPECT_GT(cloud.requests(), 0) << label;
+    return r;
+  }
+
+  // The backend alone: connect (and, when it succeeds, one generate step) must end in a
+  // CloudError of `kind` whose message contains `needle`.
+  static void expect_cloud_error(const FakeCloud& cloud, CloudError::Kind kind,
+                                 const std::string& needle, const std::string& label,
+                                 const std::string& api = "tandem") {
+    auto backend = make_cloud_backend(cloud_options(cloud, api), *edge_);
+    CloudOp op;
+    op.kind = CloudOpKind::Generate;
+    op.n_generate = 2;
+    try {
+      backend->connect();
+      backend->step(prompt_, op);
+      ADD_FAILURE() << label << ": no error";
+    } catch (const CloudError& e) {
+      EXPECT_EQ(static_cast<int>(e.kind()), static_cast<int>(kind)) << label << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+          << label << ": '" << e.what() << "' does not mention '" << needle << "'";
+      EXPECT_LT(std::string(e.what()).size(), 1200u) << label;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << label << ": not a CloudError: " << e.what();
+    }
+  }
+
+  static constexpr int kN = 12;
+  static inline Model* edge_ = nullptr;
+  static inline HonestSession* honest_ = nullptr;
+  static inline std::vector<TokenId> prompt_, local_;
+};
+
+// The fake cloud itself works: an honest script is used for every token.
+TEST_F(HostileCloudTest, HonestFakeCloudIsUsed) {
+  FakeCloud cloud([](const Exchange& ex) { return honest_->answer(ex); });
+  EdgeDecoder edge(*edge_, route_always(), make_cloud_backend(cloud_options(cloud), *edge_));
+  edge.start();
+  const EdgeResult r = edge.generate(prompt_, kN);
+  EXPECT_EQ(r.ids, std::vector<TokenId>(kN, HonestSession::kToken));
+  EXPECT_EQ(r.stats.fallbacks, 0);
+}
+
+TEST_F(HostileCloudTest, DeeplyNestedAnswersAreRefusedBeforeParsing) {
+  const std::string deep = nested_arrays(100000);
+  const std::string deep_object = "{\"error\":" + nested_arrays(100000) + "}";
+  struct Case {
+    const char* label;
+    FakeCloud::Script script;
+    const char* needle;
+  } cases[] = {
+      {"deep step answer", on_step(*honest_, 200, deep), "nests deeper than 64"},
+      {"deep session answer", on_create(*honest_, 201, deep), "nests deeper than 64"},
+      {"deep error body", on_step(*honest_, 500, deep_object), "HTTP 500"},
+      {"deep 409 body", on_step(*honest_, 409, deep_object), "position mismatches"},
+      {"deep session error", on_create(*honest_, 503, deep_object), "HTTP 503"},
+  };
+  for (auto& c : cases) {
+    FakeCloud cloud(c.script);
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable, c.needle, c.label);
+    expect_local_fallback(cloud, c.label);
+  }
+}
+
+TEST_F(HostileCloudTest, ErrorMessagesAreCutAndNeverDumped) {
+  const std::string huge(1 << 20, 'A');
+  const std::string nested_message =
+      R"({"error":{"message":)" + nested_arrays(40) + R"(,"code":"x"}})";
+  const std::string control = R"({"error":{"message":"bad\u0001\nline \u00e9"}})";
+  const std::string raw = std::string("oops\x01\xff\xfe", 7);
+  struct Case {
+    const char* label;
+    std::string body;
+    const char* needle;
+  } cases[] = {
+      {"huge message", json{{"error", {{"message", huge}}}}.dump(), "AAAA..."},
+      {"nested message", nested_message, "without a message string"},
+      {"message is a number", R"({"error":{"message":5}})", "without a message string"},
+      {"error is a string", R"({"error":"plain words"})", "plain words"},
+      {"error body is an array", "[1,2,3]", "an array in JSON"},
+      {"not JSON", std::string(5000, '<'), "'<<<<"},
+      {"control characters", control, "bad? line \xc3\xa9"},
+      {"invalid UTF-8", raw, "'oops???'"},
+  };
+  for (auto& c : cases) {
+    FakeCloud cloud(on_step(*honest_, 500, c.body));
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable, c.needle, c.label);
+    const EdgeResult r = expect_local_fallback(cloud, c.label);
+    // What the device keeps of the message is short and printable.
+    EXPECT_LT(r.stats.last_cloud_error.size(), 1000u) << c.label;
+    EXPECT_EQ(r.stats.last_cloud_error.find('\x01'), std::string::npos) << c.label;
+  }
+}
+
+TEST(CloudExcerpt, PrintableBoundedAndCutAtACharacter) {
+  EXPECT_EQ(cloud::excerpt("plain"), "plain");
+  // ESC, a C1 CSI (U+009B), DEL and a newline: nothing a terminal would act on survives.
+  EXPECT_EQ(cloud::excerpt("a\x1b[2Jb\xc2\x9b"
+                           "31mc\x7f\nd"),
+            "a?[2Jb?31mc? d");
+  EXPECT_EQ(cloud::excerpt("\xe2\x82\xac \xed\xa0\x80 \xc3"),
+            "\xe2\x82\xac ??? ?");  // a surrogate, a cut
+  // Cut at the limit, never inside a character.
+  EXPECT_EQ(cloud::excerpt("\xc3\xa9\xc3\xa9\xc3\xa9", 5), "\xc3\xa9\xc3\xa9...");
+  EXPECT_EQ(cloud::excerpt(std::string(1000, 'x')).size(), cloud::kMaxQuotedBytes + 3);
+}
+
+TEST_F(HostileCloudTest, RetryAfterValuesAreClampedAndParsedSafely) {
+  const double now = 1'700'000'000;
+  EXPECT_EQ(net::parse_retry_after("", now), 0);
+  EXPECT_EQ(net::parse_retry_after("3", now), 3);
+  EXPECT_EQ(net::parse_retry_after(" 1.5 ", now), 1.5);
+  EXPECT_EQ(net::parse_retry_after("120", now), 60);
+  EXPECT_EQ(net::parse_retry_after("99999999999999999999999999", now), 60);
+  EXPECT_EQ(net::parse_retry_after("inf", now), 0);
+  EXPECT_EQ(net::parse_retry_after("nan", now), 0);
+  EXPECT_EQ(net::parse_retry_after("1e308", now), 0);
+  EXPECT_EQ(net::parse_retry_after("-5", now), 0);
+  EXPECT_EQ(net::parse_retry_after("soon", now), 0);
+  EXPECT_EQ(net::parse_retry_after("3 seconds", now), 0);
+  // 2023-11-14 22:13:20 GMT is `now`; an HTTP-date is measured from it.
+  EXPECT_EQ(net::parse_retry_after("Tue, 14 Nov 2023 22:13:30 GMT", now), 10);
+  EXPECT_EQ(net::parse_retry_after("Tue, 14 Nov 2023 22:13:10 GMT", now), 0);  // past
+  EXPECT_EQ(net::parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now), 60);
+  EXPECT_EQ(net::parse_retry_after("Tue, 14 Nov 2023 25:13:30 GMT", now), 0);  // no hour 25
+  EXPECT_EQ(net::parse_retry_after("Tue, 14 Foo 2023 22:13:30 GMT", now), 0);
+  // Whatever a backend passes, a CloudError's pause is finite and at most 60 s.
+  EXPECT_EQ(CloudError(CloudError::Kind::Unavailable, "", INFINITY).retry_after_s(), 60);
+  EXPECT_EQ(CloudError(CloudError::Kind::Unavailable, "", NAN).retry_after_s(), 0);
+  EXPECT_EQ(CloudError(CloudError::Kind::Unavailable, "", -1e308).retry_after_s(), 0);
+}
+
+TEST_F(HostileCloudTest, AbsurdRetryAfterNeitherCrashesNorTurnsTheCloudOff) {
+  for (const char* value :
+       {"inf", "nan", "1e308", "-5", "garbage", "Sun, 06 Nov 1994 08:49:37 GMT"}) {
+    // The first step is refused with the value; every later one is answered honestly.
+    std::atomic<int> steps{0};
+    FakeCloud cloud([&](const Exchange& ex) {
+      if (ex.is_step() && steps++ == 0) {
+        return http_answer(503, R"({"error":{"message":"busy"}})",
+                           "Retry-After: " + std::string(value) + "\r\n");
+      }
+      return honest_->answer(ex);
+    });
+    // Without sync-ahead the first step is the first route event: the refusal is a fallback
+    // and sets the pause.
+    EdgeOptions o = route_always();
+    o.sync_ahead = false;
+    EdgeDecoder edge(*edge_, o, make_cloud_backend(cloud_options(cloud), *edge_));
+    edge.start();
+    const EdgeResult first = edge.generate(prompt_, kN);
+    EXPECT_EQ(first.stats.tokens, kN) << value;
+    EXPECT_GT(first.stats.fallbacks, 0) << value;
+    // None of these values asks for a pause: the cloud is used again after the client's own
+    // short backoff (a generous bound on the attempts, not a timing).
+    int cloud_tokens = 0;
+    for (int i = 0; i < 400 && cloud_tokens == 0; ++i) {
+      std::this_thread::sleep_for(10ms);
+      cloud_tokens = edge.generate(prompt_, 2).stats.cloud_tokens;
+    }
+    EXPECT_GT(cloud_tokens, 0) << "Retry-After: " << value << " kept the cloud off";
+  }
+}
+
+TEST_F(HostileCloudTest, MalformedSessionAnswersFallBack) {
+  struct Case {
+    const char* label;
+    json patch;
+    const char* needle;
+  } cases[] = {
+      {"model is an array", {{"model", json::array()}}, "'model' is an array"},
+      {"no model", {{"model", nullptr}}, "no 'model'"},
+      {"n_vocab a string", {{"model", {{"n_vocab", "many"}}}}, "'n_vocab' is a string"},
+      {"n_vocab 1e300", {{"model", {{"n_vocab", 1e300}}}}, "'n_vocab' is a number"},
+      {"n_vocab negative", {{"model", {{"n_vocab", -3}}}}, "'n_vocab' is out of range"},
+      {"n_vocab 2^64-1", {{"model", {{"n_vocab", UINT64_MAX}}}}, "'n_vocab' is out of range"},
+      {"vocab_hash a number", {{"model", {{"vocab_hash", 5}}}}, "'vocab_hash' is a number"},
+      {"name an object", {{"model", {{"name", {{"a", 1}}}}}}, "'name' is an object"},
+      {"session a number", {{"session", 123}}, "'session' is a number"},
+      {"session not URL-safe", {{"session", "../admin"}}, "URL-safe"},
+      {"session too long", {{"session", std::string(5000, 'a')}}, "5000 bytes"},
+      {"limits a string", {{"limits", "none"}}, "'limits' is a string"},
+      {"max_generate a float", {{"limits", {{"max_generate", 2.5}}}}, "'max_generate' is a number"},
+      {"eog out of vocabulary",
+       {{"model", {{"eog", json::array({1, 1 << 30})}}}},
+       "outside the vocabulary"},
+      {"eog a float", {{"model", {{"eog", json::array({1e300})}}}}, "expected a token id"},
+      {"bos a string", {{"model", {{"bos", "<s>"}}}}, "'bos' is a string"},
+  };
+  for (auto& c : cases) {
+    FakeCloud cloud(patched_create(*honest_, c.patch));
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable, c.needle, c.label);
+    expect_local_fallback(cloud, c.label);
+  }
+  for (const char* body : {"[]", "null", "42", "\"s1\"", "{\"session\":"}) {
+    FakeCloud cloud(on_create(*honest_, 201, body));
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable, "not a JSON object", body);
+    expect_local_fallback(cloud, body);
+  }
+}
+
+TEST_F(HostileCloudTest, MalformedStepAnswersFallBack) {
+  const int n_vocab = edge_->tokenizer().n_vocab();
+  struct Case {
+    const char* label;
+    json patch;
+    const char* needle;
+  } cases[] = {
+      {"token at n_vocab", {{"tokens", json::array({n_vocab})}}, "outside the vocabulary"},
+      {"negative token", {{"tokens", json::array({-1})}}, "outside the vocabulary"},
+      {"token 2^64-1", {{"tokens", json::array({UINT64_MAX})}}, "outside the vocabulary"},
+      {"token a float", {{"tokens", json::array({7.5})}}, "expected a token id"},
+      {"token a string", {{"tokens", json::array({"7"})}}, "expected a token id"},
+      {"tokens an object", {{"tokens", {{"0", 7}}}}, "'tokens' is an object"},
+      {"more tokens than asked", {{"tokens", std::vector<int>(1000, 7)}}, "more than the"},
+      {"no tokens for a generate",
+       {{"tokens", json::array()}, {"logprobs", json::array()}},
+       "do not fit"},
+      {"pos a string", {{"pos", "10"}}, "'pos' is a string"},
+      {"pos 1e300", {{"pos", 1e300}}, "'pos' is a number"},
+      {"pos negative", {{"pos", -4}}, "'pos' is out of range"},
+      {"pos off by one", {{"pos", 1000}}, "the server says pos 1000"},
+      {"no pos", {{"pos", nullptr}}, "no 'pos'"},
+      {"logprobs too short", {{"logprobs", {-0.1, -0.2, -0.3}}}, "'logprobs' is an array of 3"},
+      {"logprob a string", {{"logprobs", json::array({"x"})}}, "'logprobs'"},
+      {"logprob 1e300", {{"logprobs", json::array({1e300})}}, ""},  // clamped, not UB: no error
+      {"prefilled 2^40", {{"prefilled", 1LL << 40}}, "'prefilled' is out of range"},
+      {"stop a number", {{"stop", 5}}, "'stop' is a number"},
+      {"accepted a string", {{"accepted", "all"}}, "'accepted' is a string"},
+  };
+  for (auto& c : cases) {
+    FakeCloud cloud(patched_step(*honest_, c.patch));
+    if (std::string(c.needle).empty()) {  // accepted: the cloud's tokens are used
+      EdgeOptions o = route_always();
+      o.sync_ahead = false;  // the patch fits a one-token generate, not a sync
+      EdgeDecoder edge(*edge_, o, make_cloud_backend(cloud_options(cloud), *edge_));
+      edge.start();
+      EXPECT_EQ(edge.generate(prompt_, kN).stats.cloud_tokens, kN) << c.label;
+      continue;
+    }
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable, c.needle, c.label);
+    expect_local_fallback(cloud, c.label);
+  }
+  for (const char* body : {"[]", "null", "{\"pos\":", "<html>"}) {
+    FakeCloud cloud(on_step(*honest_, 200, body));
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable, "not a JSON object", body);
+    expect_local_fallback(cloud, body);
+  }
+  // A 409 whose fields have the wrong types or impossible positions.
+  for (const char* body : {R"({"error":{"code":5}})", R"({"error":{"pos":"x"}})",
+                           R"({"error":{"pos":1e300}})", R"({"error":{"pos":-1}})"}) {
+    FakeCloud cloud(on_step(*honest_, 409, body));
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable, "", body);
+    expect_local_fallback(cloud, body);
+  }
+}
+
+TEST_F(HostileCloudTest, SpeculativeVerifyThatDoesNotAddUpFallsBack) {
+  const int n_vocab = edge_->tokenizer().n_vocab();
+  // Each verify answer has len(draft) + 1 tokens, none of them the drafts, and a position that
+  // counts them: `accepted` out of range, or in range but not matching the tokens. Generate
+  // steps (no drafts left) are refused, so every token must be the edge's own.
+  for (const int accepted : {99, -1, 0, 2}) {
+    FakeCloud cloud([&](const Exchange& ex) {
+      if (!ex.is_step()) return honest_->answer(ex);
+      const json req = json::parse(ex.body);
+      if (req.contains("generate")) return http_answer(500, R"({"error":{"message":"no"}})");
+      if (!req.contains("verify")) return honest_->answer(ex);
+      const json& draft = req["verify"]["draft"];
+      std::vector<TokenId> tokens;
+      for (const auto& d : draft) tokens.push_back((d.get<TokenId>() + 1) % n_vocab);
+      tokens.push_back(HonestSession::kToken);
+      const size_t pos = req["expected_pos"].get<size_t>() + req["append"].size() + tokens.size();
+      return http_answer(200, json{{"pos", pos},
+                                   {"tokens", tokens},
+                                   {"logprobs", std::vector<float>(tokens.size(), -1.0f)},
+                                   {"accepted", accepted},
+                                   {"prefilled", 0}}
+                                  .dump());
+    });
+    EdgeOptions o = route_always();
+    o.mode = EdgeMode::Speculative;
+    o.draft = 4;
+    EdgeDecoder edge(*edge_, o, make_cloud_backend(cloud_options(cloud), *edge_));
+    edge.start();
+    const EdgeResult r = edge.generate(prompt_, kN);
+    EXPECT_EQ(r.ids, local_) << "accepted " << accepted;
+    EXPECT_EQ(r.stats.fallbacks, kN) << "accepted " << accepted;
+    EXPECT_EQ(r.stats.accepted_drafts, 0) << "accepted " << accepted;
+    EXPECT_GT(cloud.requests(), 1) << "accepted " << accepted;
+  }
+}
+
+TEST_F(HostileCloudTest, BodiesOverTheSizeLimitAreRefused) {
+  // A Content-Length over the default 64 MiB: refused from the header, before any body.
+  {
+    FakeCloud cloud([](const Exchange& ex) {
+      if (!ex.is_step()) return honest_->answer(ex);
+      return std::string("HTTP/1.1 200 OK\r\nContent-Length: 104857600\r\n\r\n{\"pos\":");
+    });
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable, "over 67108864 bytes", "100 MiB");
+    expect_local_fallback(cloud, "100 MiB");
+  }
+  // A chunked body that grows past a smaller configured limit.
+  FakeCloud cloud([](const Exchange& ex) {
+    if (!ex.is_step()) return honest_->answer(ex);
+    std::string out = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+    const std::string chunk(4096, ' ');
+    for (int i = 0; i < 64; ++i) out += "1000\r\n" + chunk + "\r\n";
+    return out + "0\r\n\r\n";
+  });
+  CloudOptions c = cloud_options(cloud);
+  c.max_answer_bytes = 16384;
+  auto backend = make_cloud_backend(c, *edge_);
+  backend->connect();
+  CloudOp op;
+  op.kind = CloudOpKind::Generate;
+  try {
+    backend->step(prompt_, op);
+    ADD_FAILURE() << "a 256 KiB answer passed a 16 KiB limit";
+  } catch (const CloudError& e) {
+    EXPECT_NE(std::string(e.what()).find("over 16384 bytes"), std::string::npos) << e.what();
+  }
+  EdgeDecoder edge(*edge_, route_always(), make_cloud_backend(c, *edge_));
+  edge.start();
+  const EdgeResult r = edge.generate(prompt_, kN);
+  EXPECT_EQ(r.ids, local_);
+  EXPECT_EQ(r.stats.fallbacks, kN);
+}
+
+// The stateless APIs read their answers the same way.
+TEST_F(HostileCloudTest, StatelessApisFallBackOnMalformedAnswers) {
+  const int n_vocab = edge_->tokenizer().n_vocab();
+  struct Case {
+    const char* api;
+    std::string body;
+    const char* needle;
+  } cases[] = {
+      {"llamacpp", R"({"tokens":[1e300]})", "expected a token id"},
+      {"llamacpp", R"({"tokens":[)" + std::to_string(n_vocab) + "]}", "outside the vocabulary"},
+      {"llamacpp", R"({"tokens":"7"})", "'tokens' is a string"},
+      {"llamacpp", R"({"tokens":[7],"stop_type":[]})", "'stop_type' is an array"},
+      {"llamacpp", nested_arrays(100000), "nests deeper"},
+      {"sglang", R"({"output_ids":[7]})", "no 'meta_info'"},
+      {"sglang", R"({"output_ids":[7,7,7,7,7,7,7,7,7],"meta_info":{}})", "more than the"},
+      {"openai", R"({"choices":{}})", "'choices' to be a non-empty array"},
+      {"openai", R"({"choices":[{"logprobs":{"tokens":["token_id:99999999999"]}}]})",
+       "expected 'token_id:N'"},
+      {"openai", R"({"choices":[{"logprobs":{"tokens":["token_id:7","token_id:x"]}}]})",
+       "expected 'token_id:N'"},
+      {"openai", R"({"choices":[{"text":5}]})", "'text' is a number"},
+  };
+  for (auto& c : cases) {
+    const std::string body = c.body;
+    FakeCloud cloud([body](const Exchange& ex) {
+      if (ex.target == "/v1/models") return http_answer(200, R"({"data":[{"id":"m"}]})");
+      if (ex.target == "/tokenize") return http_answer(404, "{}");
+      return http_answer(200, body);
+    });
+    const std::string label = std::string(c.api) + " " + c.body.substr(0, 80);
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable, c.needle, label, c.api);
+    expect_local_fallback(cloud, label, c.api);
+  }
+  // A model list or a vocabulary probe of the wrong shape ends connect() with a CloudError.
+  for (const char* models : {R"({"data":[{"id":5}]})", R"({"data":"m"})", "[[[[[[]]]]]]"}) {
+    FakeCloud cloud([models](const Exchange& ex) {
+      return ex.target == "/v1/models" ? http_answer(200, models) : http_answer(404, "{}");
+    });
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable, "GET /v1/models", models, "openai");
+  }
+  FakeCloud probe([](const Exchange& ex) {
+    return ex.target == "/tokenize" ? http_answer(200, R"({"vocab_hash":{"x":1}})")
+                                    : http_answer(404, "{}");
+  });
+  expect_cloud_error(probe, CloudError::Kind::Unavailable, "'vocab_hash' is an object", "probe",
+                     "llamacpp");
+}
+
+}  // namespace
+}  // namespace tandem
