@@ -43,6 +43,7 @@ class UiCommand : public Command {
 
   int run() override {
     http_.max_body_bytes = 64 * 1024;
+    http_.own_answer_headers = ui::security_headers();
     edge_.resolve();
     auto model = Model::load(edge_.model);
     edge_.load_router(*model);

@@ -355,7 +355,8 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   void respond_now(int status, std::string body) {
     const std::string len = std::to_string(body.size());
-    std::string bytes = head(status, "application/json", {}, keep_alive_, &len) + body;
+    std::string bytes =
+        head(status, "application/json", options_.own_answer_headers, keep_alive_, &len) + body;
     reserve(bytes.size());
     set_busy(true);
     enqueue(std::move(bytes), true);

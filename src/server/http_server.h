@@ -73,6 +73,9 @@ struct HttpServerOptions {
   // client that reads slower than its stream is produced is dropped.
   size_t max_write_queue_bytes = 8u << 20;
   boost::asio::ssl::context* ssl = nullptr;  // TLS when set
+  // Added to the answers the server gives itself, before any handler runs (413 for a body over
+  // the limit, 400 for a malformed request): `tandem ui` passes its security headers here.
+  HeaderList own_answer_headers;
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, std::shared_ptr<Responder>)>;

@@ -568,7 +568,8 @@ class UiSocketTest : public UiServerTest {
     server::HttpServerOptions o;
     o.host = "127.0.0.1";
     o.port = 0;
-    o.max_body_bytes = 64 * 1024;  // as tandem ui sets it
+    o.max_body_bytes = 64 * 1024;                   // as tandem ui sets it
+    o.own_answer_headers = ui::security_headers();  // likewise
     http_ = std::make_unique<server::HttpServer>(
         io_, o, [this](const server::HttpRequest& req, std::shared_ptr<server::Responder> res) {
           ui_->handle(req, std::move(res));
@@ -682,6 +683,18 @@ TEST_F(UiSocketTest, ForeignOriginsAreRefused) {
   EXPECT_EQ(bare.status, 403);
   EXPECT_NE(bare.body.find("Origin"), std::string::npos) << bare.body;
   EXPECT_EQ(get("/api/turns", own()).body_json()["turns"].size(), 0u);
+}
+
+// The answers the HTTP layer gives before the UI's handler runs carry the headers too.
+TEST_F(UiSocketTest, HttpLayersOwnAnswersCarryTheSecurityHeaders) {
+  const RawAnswer big =
+      post("/api/generate", std::string(70 * 1024, ' '), own(), "http://" + own());
+  EXPECT_EQ(big.status, 413);
+  expect_security_headers(big, "body over the limit");
+  const RawAnswer bad =
+      raw_exchange(port_, "GET / HTTP/1.1\r\nHost: " + own() + "\r\nContent-Length: x\r\n\r\n");
+  EXPECT_EQ(bad.status, 400);
+  expect_security_headers(bad, "malformed request");
 }
 
 TEST_F(UiSocketTest, DeepJsonIs400AndALegitimateTurnStillWorks) {
