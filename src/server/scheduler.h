@@ -106,7 +106,7 @@ struct SchedulerOptions {
   int batch_tokens = 512;  // token budget of one decode batch
   // While other jobs decode, the prompt part of a batch takes at most about this long
   // (--prefill-slice-ms), judged by the measured cost of recent batches.
-  double prefill_slice_ms = 20;
+  double prefill_slice_ms = 8;
   int max_queue = 256;          // jobs waiting or running; more are refused (429)
   uint64_t kv_cap_bytes = 0;    // 0: as much as n_ctx × slots needs
   double idle_timeout_s = 600;  // sessions unused this long expire
