@@ -139,11 +139,11 @@ class ServeCommand : public Command {
                    "from (saves about the model's size in memory; batches get slower)");
     sub_->add_option("-a,--alias", api_.model_name,
                      "Model name for /v1/models (default: file name)");
-    sub_->add_option("--prefill-slice-ms", sched_.prefill_slice_ms,
-                     "While other requests decode, the prompt work of one batch takes about this "
-                     "long at most (chunked prefill): a long prompt delays everyone's next token "
-                     "by this much, not by a whole --batch-size")
-        ->check(CLI::Range(1.0, 1e6))
+    sub_->add_option("--prefill-chunk", sched_.prefill_chunk,
+                     "While other requests run, prompt tokens per batch (one that wants logits "
+                     "counts 8): a long prompt delays everyone's next token by one such chunk, "
+                     "not by a whole --batch-size")
+        ->check(CLI::Range(8, 1 << 20))
         ->capture_default_str();
     sub_->add_option("--max-text-bytes", api_.max_text_bytes,
                      "Bytes of text one request may ask to tokenize (prompt, messages, /tokenize)")

@@ -76,7 +76,10 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
     throw Error("the server needs at least one session slot and one stateless slot");
   }
   if (options_.batch_tokens < 1) throw Error("the batch token budget must be at least 1");
-  if (!(options_.prefill_slice_ms > 0)) throw Error("--prefill-slice-ms must be above 0");
+  if (options_.prefill_chunk < static_cast<int>(kLogitRowCost)) {
+    throw Error("--prefill-chunk " + std::to_string(options_.prefill_chunk) + " is below " +
+                std::to_string(kLogitRowCost) + ", the cost of one prompt row that wants logits");
+  }
   for (char ch : options_.session_prefix) {
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') {
       throw Error("--session-prefix '" + options_.session_prefix +
@@ -601,10 +604,7 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
   const auto decoding = [&](size_t j) { return active[j]->feed.size() - active[j]->fed <= 1; };
   std::stable_partition(order.begin(), order.end(), decoding);
   PrefillBudget prefill;
-  if (others_waiting(active.size()) && us_per_cost_ > 0) {
-    const double units = options_.prefill_slice_ms * 1000.0 / us_per_cost_;
-    prefill.cost_cap = static_cast<size_t>(std::max(units, static_cast<double>(kLogitRowCost)));
-  }
+  if (others_waiting(active.size())) prefill.cost_cap = static_cast<size_t>(options_.prefill_chunk);
   for (size_t j : order) {
     Job& job = *active[j];
     const size_t left = job.feed.size() - job.fed;
@@ -628,7 +628,6 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
   metrics_.batch_tokens.observe(static_cast<double>(batch.size()));
   metrics_.batch_jobs.observe(static_cast<double>(takes.size()));
   metrics_.queue_depth.observe(static_cast<double>(metrics_.queue_length.load()));
-  const Clock::time_point t0 = Clock::now();
   try {
     ctx_->decode(batch);
   } catch (const std::exception& e) {
@@ -693,7 +692,6 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
     active.erase(std::find(active.begin(), active.end(), job));
     finish_job(job, job->dropped() ? JobFailure::Cancelled : JobFailure::None, "");
   }
-  note_batch_cost(batch.size(), rows.size(), Clock::now() - t0);
 }
 
 // Whether a prompt's work should leave room for others: other jobs are running or queued, or one
@@ -706,14 +704,6 @@ bool Scheduler::others_waiting(size_t active_jobs) const {
     if (!pending_.empty()) return true;
   }
   return Clock::now() - last_job_end_ < std::chrono::seconds(1);
-}
-
-// Learns the engine's time per cost unit (a token; a token that wants logits kLogitRowCost) from
-// each batch, decode and hooks included, as a moving average over about the last ten batches.
-void Scheduler::note_batch_cost(size_t tokens, size_t logit_rows, Clock::duration took) {
-  const double units = static_cast<double>(tokens + (kLogitRowCost - 1) * logit_rows);
-  const double us = std::chrono::duration<double, std::micro>(took).count() / units;
-  us_per_cost_ = us_per_cost_ == 0 ? us : 0.9 * us_per_cost_ + 0.1 * us;
 }
 
 void Scheduler::engine_loop() {

@@ -104,9 +104,9 @@ struct SchedulerOptions {
   int max_sessions = 64;
   int stateless_slots = 8;
   int batch_tokens = 512;  // token budget of one decode batch
-  // While other jobs decode, the prompt part of a batch takes at most about this long
-  // (--prefill-slice-ms), judged by the measured cost of recent batches.
-  double prefill_slice_ms = 8;
+  // While other jobs run, the prompt part of a batch costs at most this many units
+  // (--prefill-chunk; a prompt token 1, a prompt token that wants logits kLogitRowCost).
+  int prefill_chunk = 16;
   int max_queue = 256;          // jobs waiting or running; more are refused (429)
   uint64_t kv_cap_bytes = 0;    // 0: as much as n_ctx × slots needs
   double idle_timeout_s = 600;  // sessions unused this long expire
@@ -238,22 +238,20 @@ class Scheduler {
   void expire_idle_locked();
   uint64_t kv_tokens_locked() const;
   void run_batch(std::vector<std::shared_ptr<Job>>& active);
-  // What the prompt work (prefill) of one batch may cost. A row that wants logits costs a
-  // vocabulary-sized row (1 MiB for Gemma) and an LM-head row plus a log-softmax on the engine
-  // thread, about kLogitRowCost tokens of a small model's body: a prompt asking for its
-  // log-probabilities would otherwise size the logits buffer to the whole batch (512 MiB at
-  // -b 512). So prefill takes at most kMaxPrefillLogitRows such rows per batch, and while other
-  // jobs are running, queued or just ended at most the cost units that fit --prefill-slice-ms at
-  // the measured speed, so that one long prompt cannot make every device's next token wait for a
-  // whole --batch-size of prompt (chunked prefill; 512 tokens take ~1 s on two cores).
+  // What the prompt work (prefill) of one batch may cost. A prompt row that wants logits costs
+  // a vocabulary-sized logits row (1 MiB for Gemma), an LM-head row and a log-softmax on the
+  // engine thread: on Gemma 3 270M about as much as kLogitRowCost rows without. Prefill takes at
+  // most kMaxPrefillLogitRows such rows per batch (a prompt asking for its log-probabilities
+  // would otherwise size the logits buffer to the whole batch: 512 MiB at -b 512), and while
+  // other jobs run, are queued or just ended, at most --prefill-chunk cost units, so that one
+  // long prompt cannot make every device's next token wait for a whole --batch-size of prompt
+  // (chunked prefill).
   static constexpr size_t kMaxPrefillLogitRows = 32;
-  double us_per_cost_ = 0;  // engine thread: moving average of a batch's time per cost unit
-  void note_batch_cost(size_t tokens, size_t logit_rows, Clock::duration took);
+  static constexpr size_t kLogitRowCost = 8;
   bool others_waiting(size_t active_jobs) const;
   Clock::time_point last_job_end_;  // engine thread
-  static constexpr size_t kLogitRowCost = 4;
   struct PrefillBudget {
-    size_t cost_cap = SIZE_MAX;  // --prefill-slice-ms's worth while jobs decode
+    size_t cost_cap = SIZE_MAX;  // --prefill-chunk while others wait
     size_t cost = 0;
     size_t logit_rows = 0;
     // How many of the next `take` feed tokens of a prefilling job fit; counts them.

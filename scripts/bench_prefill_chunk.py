@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""What chunked prefill (--prefill-slice-ms) costs and buys on `tandem serve` (docs/benchmarks.md).
+"""What chunked prefill (--prefill-chunk) costs and buys on `tandem serve` (docs/benchmarks.md).
 
-  scripts/bench_prefill_slice.py [--tandem build/tandem] [--model M] [--slices 8,20,100000]
+  scripts/bench_prefill_chunk.py [--tandem build/tandem] [--model M] [--chunks 16,32,64,100000]
                                  [--prompt-tokens 1000] [--reps 3]
 
-For each slice, one server (-t 2, everything on this machine's cores). A device steps its native
+For each chunk, one server (-t 2, everything on this machine's cores). A device steps its native
 session one token at a time, in a loop, while another client sends a `--prompt-tokens` prompt to
 /v1/completions (max_tokens 1): the prompt's time to answer (its TTFT) and the device's step
 latencies during it (median and p99). Also the prompt alone on an idle server. Medians of
@@ -41,10 +41,10 @@ def post(port, path, body, timeout=600):
     return r.status, data
 
 
-def start(tandem, model, slice_ms):
+def start(tandem, model, chunk):
     port = free_port()
     p = subprocess.Popen([tandem, "serve", "-m", model, "--port", str(port), "-t", "2",
-                          "--prefill-slice-ms", str(slice_ms)], stderr=subprocess.DEVNULL)
+                          "--prefill-chunk", str(int(chunk))], stderr=subprocess.DEVNULL)
     for _ in range(600):
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
@@ -99,14 +99,14 @@ def main():
     ap.add_argument("--tandem", default=os.path.join(ROOT, "build", "tandem"))
     ap.add_argument("--model", default=os.environ.get("TANDEM_MODEL") or os.path.expanduser(
         "~/.cache/tandem/models/gemma-3-270m-q4_k_m.gguf"))
-    ap.add_argument("--slices", default="8,20,100000")
+    ap.add_argument("--chunks", default="16,32,64,100000")
     ap.add_argument("--prompt-tokens", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    print("| --prefill-slice-ms | prompt alone: TTFT s | prompt while a device steps: TTFT s "
+    print("| --prefill-chunk | prompt alone: TTFT s | prompt while a device steps: TTFT s "
           "| device step during it: median ms | p99 ms |")
     print("|---|---|---|---|---|")
-    for s in args.slices.split(","):
+    for s in args.chunks.split(","):
         p, port = start(args.tandem, args.model, float(s))
         try:
             alone, busy, med, p99 = [], [], [], []
