@@ -158,11 +158,11 @@ TEST(RequestBounds, TimeBudgetEndsALongGeneration) {
   EXPECT_LT(s.j()["tokens"].size(), 4000u);
 }
 
-// While another device decodes, a prompt's work goes in slices (--prefill-slice-ms; at 1 ms one
+// While another device decodes, a prompt's work goes in chunks (--prefill-chunk; at 8 one
 // logits row per batch): its prompt log-probabilities and its greedy continuation must be what
 // the same request gets in whole batches on an idle server.
-TEST(RequestBounds, PromptSlicesWhileOthersDecodeGiveTheSameAnswer) {
-  ServerProcess server(llama(), {"-c", "4096", "--prefill-slice-ms", "1"});
+TEST(RequestBounds, PromptChunksWhileOthersDecodeGiveTheSameAnswer) {
+  ServerProcess server(llama(), {"-c", "4096", "--prefill-chunk", "8"});
   TestClient c = server.client();
   std::vector<int> prompt;
   for (int i = 0; i < 300; ++i) prompt.push_back(1 + (i * 37) % 900);
@@ -170,7 +170,7 @@ TEST(RequestBounds, PromptSlicesWhileOthersDecodeGiveTheSameAnswer) {
       {"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", 1}, {"echo", true}};
   const HttpResult alone = c.post("/v1/completions", request);
   ASSERT_EQ(alone.status, 200) << alone.body;
-  // Another client decodes a long answer meanwhile, so the prompt is cut into slices.
+  // Another client decodes a long answer meanwhile, so the prompt is cut into chunks.
   std::thread other([&] {
     TestClient o = server.client();
     o.post("/v1/completions", {{"prompt", json::array({1, 2, 3})},
