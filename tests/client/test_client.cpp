@@ -731,7 +731,7 @@ TEST_F(EdgeCloudTest, CloudBackAfterAnOutageResumesRouting) {
 TEST_F(EdgeCloudTest, ShutdownDoesNotWaitForAHungCloud) {
   const std::string hash = edge_model_->tokenizer().fingerprint_hex();
   BadCloud silent(BadCloud::Mode::Silent, hash, edge_model_->tokenizer().n_vocab());
-  const auto t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point t0;
   {
     EdgeOptions o = edge_options(EdgeMode::Route, "never");
     o.cloud_timeout_s = 60;
@@ -740,10 +740,14 @@ TEST_F(EdgeCloudTest, ShutdownDoesNotWaitForAHungCloud) {
     // The background sync hangs on the silent cloud; the device decodes on regardless.
     const EdgeResult r = edge.generate(prompt_, kN);
     EXPECT_EQ(r.ids, edge_greedy_);
+    // On a loaded machine the sync may not have reached the cloud yet: wait until it hangs
+    // there, so that the destructor below really has a hung request to cut.
+    for (int i = 0; i < 400 && silent.steps() == 0; ++i) std::this_thread::sleep_for(25ms);
+    ASSERT_GT(silent.steps(), 0) << "the background sync never reached the cloud";
+    t0 = std::chrono::steady_clock::now();
   }  // the destructor cuts the hung request
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 10.0);
-  EXPECT_GT(silent.steps(), 0);
 }
 
 TEST_F(EdgeCloudTest, PositionMismatchIsResentFromTheServersPosition) {
