@@ -1,0 +1,76 @@
+"""scripts/check_layers.py: the real tree follows src/layers.txt, and a planted include that goes
+up, sideways or past the public API fails the check, naming the file and the include."""
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "check_layers.py"
+
+
+def check(root):
+    p = subprocess.run([sys.executable, str(SCRIPT), "--root", str(root)], capture_output=True,
+                       text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+class RealTree(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.root = pathlib.Path(self.dir.name)
+        shutil.copytree(ROOT / "src", self.root / "src")
+        shutil.copytree(ROOT / "include", self.root / "include")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def plant(self, rel, include):
+        path = self.root / rel
+        path.write_text(path.read_text() + f'\n#include "{include}"\n')
+
+    def test_the_tree_follows_the_table(self):
+        rc, out = check(ROOT)
+        self.assertEqual(rc, 0, out)
+
+    def test_an_upward_include_fails(self):
+        self.plant("src/model/forward.cpp", "server/api.h")
+        rc, out = check(self.root)
+        self.assertEqual(rc, 1, out)
+        self.assertIn('src/model/forward.cpp: includes "server/api.h"', out)
+
+    def test_a_sideways_include_fails(self):
+        self.plant("src/server/metrics.cpp", "client/cloud_link.h")
+        rc, out = check(self.root)
+        self.assertEqual(rc, 1, out)
+        self.assertIn('src/server/metrics.cpp: includes "client/cloud_link.h"', out)
+
+    def test_a_public_header_of_a_higher_layer_fails(self):
+        self.plant("src/kernels/kernels.cpp", "tandem/client.h")
+        rc, out = check(self.root)
+        self.assertEqual(rc, 1, out)
+        self.assertIn('includes "tandem/client.h"', out)
+
+    def test_the_cli_may_not_reach_a_new_internal_header(self):
+        self.plant("src/cli/main.cpp", "runtime/generate.h")
+        rc, out = check(self.root)
+        self.assertEqual(rc, 1, out)
+        self.assertIn('src/cli/main.cpp: includes "runtime/generate.h"', out)
+
+    def test_highway_only_in_the_kernels(self):
+        self.plant("src/router/mlp.cpp", "hwy/highway.h")
+        rc, out = check(self.root)
+        self.assertEqual(rc, 1, out)
+
+    def test_a_known_break_that_is_gone_must_leave_the_table(self):
+        path = self.root / "src" / "model" / "forward.h"
+        path.write_text(path.read_text().replace('#include "tandem/engine.h"', ""))
+        rc, out = check(self.root)
+        self.assertEqual(rc, 1, out)
+        self.assertIn('the known break "tandem/engine.h" is gone', out)
+
+
+if __name__ == "__main__":
+    unittest.main()
