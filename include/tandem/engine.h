@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/error.h"
+
 namespace tandem {
 
 using TokenId = int32_t;

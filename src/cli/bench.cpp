@@ -9,7 +9,7 @@
 #include <random>
 
 #include "cli/commands.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "tandem/engine.h"
 
 namespace tandem::cli {

@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "common/default_model.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "router/router_file.h"
 #include "tokenizer/tokenizer.h"
 

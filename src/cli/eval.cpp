@@ -18,7 +18,7 @@
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
 #include "cli/eval_loglik.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "eval/stats.h"
 #include "eval/tasks.h"
 #include "net/delay_proxy.h"

@@ -13,7 +13,7 @@
 
 #include "cli/eval_loglik.h"
 #include "cli/teacher_forced.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "eval/loglik.h"
 #include "net/http_client.h"
 #include "router/router_file.h"

@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "tandem/engine.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "tandem/engine.h"
 
 namespace tandem::cli {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "tandem/engine.h"
 
 namespace tandem::cli {

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "quantize/perplexity.h"
 #include "tandem/engine.h"
 #include "tokenizer/tokenizer.h"

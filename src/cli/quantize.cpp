@@ -4,7 +4,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "quantize/quantize_file.h"
 #include "quantize/type_mix.h"
 

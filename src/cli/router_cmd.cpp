@@ -8,7 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/teacher_forced.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "common/splitmix.h"
 #include "eval/tasks.h"
 #include "net/http_client.h"

@@ -12,7 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
 #include "tokenizer/chat_template.h"

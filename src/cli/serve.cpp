@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "server/api.h"
 #include "server/http_server.h"
 #include "server/metrics.h"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "quantize/synth.h"
 
 namespace tandem::cli {

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
-#include "common/error.h"
+#include "tandem/error.h"
 #include "kernels/kernels.h"
 #include "net/http_client.h"
 #include "tokenizer/tokenizer.h"

@@ -11,7 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "server/http_server.h"
 #include "tandem/engine.h"
 #include "ui/ui_server.h"

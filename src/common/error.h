@@ -1,15 +1,5 @@
-// Error type used across tandem. Messages name what was wrong: the file or input, the place
-// (byte offset, field, key) and what was expected versus found.
+// tandem::Error lives in the public API (include/tandem/error.h), so that code above the engine
+// can catch it without reaching into src/common. Internal code may keep including this header.
 #pragma once
 
-#include <stdexcept>
-#include <string>
-
-namespace tandem {
-
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
-};
-
-}  // namespace tandem
+#include "tandem/error.h"

@@ -9,7 +9,7 @@
 #include <boost/asio/ip/address.hpp>
 
 #include "cli/edge_flags.h"
-#include "common/error.h"
+#include "tandem/error.h"
 #include "common/json_guard.h"
 #include "tokenizer/tokenizer.h"
 #include "ui/assets.h"
