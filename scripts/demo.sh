@@ -24,16 +24,10 @@ mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh")
 CLOUD=${PAIR[0]}
 EDGE=${PAIR[1]}
 
-PORT=${TANDEM_DEMO_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
+source "$ROOT/scripts/serve_lib.sh"
 LOG=$(mktemp -t tandem-serve.XXXXXX.log)
-"$BUILD/tandem" serve -m "$CLOUD" --host 127.0.0.1 --port "$PORT" -t 1 2>"$LOG" &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -f "$LOG"' EXIT
-for _ in $(seq 1 300); do
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
-  kill -0 $SERVER 2>/dev/null || { cat "$LOG" >&2; exit 1; }
-  sleep 0.1
-done
-echo "cloud: $(basename "$CLOUD") on http://127.0.0.1:$PORT   edge: $(basename "$EDGE")" >&2
-"$BUILD/tandem" run -m "$EDGE" --cloud "http://127.0.0.1:$PORT" --mode route -t 1 \
+trap 'stop_cloud; rm -f "$LOG"' EXIT
+start_cloud "$BUILD/tandem" "$CLOUD" 1 "$LOG" "${TANDEM_DEMO_PORT:-}"
+echo "cloud: $(basename "$CLOUD") on $URL   edge: $(basename "$EDGE")" >&2
+"$BUILD/tandem" run -m "$EDGE" --cloud "$URL" --mode route -t 1 \
   -p "$PROMPT" -n "$N" --temp 0 "$@"

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -253,5 +254,25 @@ class EdgeDecoder {
 
 // The router's signal from a logits row: softmax, top-k probabilities, entropy, margin.
 RouterSignal router_signal_from_logits(std::span<const float> logits, int position, int top_k);
+
+// What a trained router's file says about itself.
+struct TrainedRouterInfo {
+  std::string label;          // what it learned to predict (`router train --label`)
+  std::string vocab_hash;     // the edge vocabulary it was made for, 16 hex digits
+  std::string edge_name;      // that edge model's general.name
+  std::string training_json;  // a summary of its training data and metrics
+};
+
+// The one way every command loads a trained router (`router train`'s GGUF) into EdgeOptions, so
+// that the same file makes the same decisions in `run`, `ui`, `eval` and the log-likelihood
+// replay: the mlp policy; its threshold (`threshold`, else the calibration's for a 7% share);
+// when options.router.target_rate is already set, the controller's window seeded from the
+// calibration's score distribution (so the first tokens are routed at the trained rate); the
+// hidden state and top-k probabilities its features need (options.signal_hidden,
+// options.top_k_signal). Set the target rate and gain before calling. Throws tandem::Error
+// naming the file and what differs for another model's router or a damaged file.
+TrainedRouterInfo load_trained_router(const std::string& path, const Model& edge_model,
+                                      const std::string& edge_path, std::optional<double> threshold,
+                                      EdgeOptions& options);
 
 }  // namespace tandem

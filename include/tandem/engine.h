@@ -43,6 +43,7 @@ struct ModelInfo {
   std::string name;
   std::string path;
   int n_vocab = 0;
+  std::string vocab_hash;  // the vocabulary's fingerprint, 16 hex digits (same tokens, same hash)
   int n_embd = 0;
   int n_layer = 0;
   int n_head = 0;

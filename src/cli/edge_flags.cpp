@@ -7,7 +7,6 @@
 
 #include "common/default_model.h"
 #include "tandem/error.h"
-#include "router/router_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
@@ -119,28 +118,9 @@ void EdgeFlags::resolve() {
   cloud.timeout_s = options.cloud_timeout_s;
 }
 
-router::RouterFileInfo apply_router_file(const std::string& router_file, const Model& edge_model,
-                                         const std::string& edge_path,
-                                         std::optional<double> threshold, EdgeOptions& options) {
-  router::RouterExpectations expect;
-  expect.vocab_hash = edge_model.tokenizer().fingerprint_hex();
-  expect.n_vocab = static_cast<uint32_t>(edge_model.info().n_vocab);
-  expect.n_embd = edge_model.info().n_embd;
-  expect.edge_path = edge_path;
-  const auto loaded = router::load_router(router_file, expect);
-  RouterConfig& r = options.router;
-  r.policy = RouterPolicy::Mlp;
-  r.mlp = loaded.model;
-  r.threshold = threshold ? *threshold : loaded.model->threshold_for_share(0.07);
-  if (r.target_rate) r.prior_scores = loaded.model->prior_scores(r.window);
-  options.signal_hidden = true;
-  options.top_k_signal = std::max(options.top_k_signal, loaded.model->spec.top_k);
-  return loaded.info;
-}
-
 void EdgeFlags::load_router(const Model& edge_model) {
   if (router_file.empty()) return;
-  apply_router_file(router_file, edge_model, model, threshold, options);
+  load_trained_router(router_file, edge_model, model, threshold, options);
 }
 
 std::unique_ptr<CloudBackend> EdgeFlags::make_backend(const Model& edge_model) const {

@@ -9,7 +9,6 @@
 #include <optional>
 #include <string>
 
-#include "router/router_file.h"
 #include "tandem/client.h"
 
 namespace tandem::cli {
@@ -39,15 +38,6 @@ struct EdgeFlags {
   // The cloud backend for --cloud (null in local mode); throws tandem::Error for a bad URL.
   std::unique_ptr<CloudBackend> make_backend(const Model& edge_model) const;
 };
-
-// Loads the trained router `router_file` for `edge_model` (its file `edge_path`, for messages) into
-// `options`: the mlp policy, its threshold (`threshold`, else the calibration's for a 7% share; a
-// target rate already set in options.router starts from the calibration's score distribution),
-// and the features it needs. Throws tandem::Error naming what differs for another model's router
-// or a damaged file. Returns what the file says about itself.
-router::RouterFileInfo apply_router_file(const std::string& router_file, const Model& edge_model,
-                                         const std::string& edge_path,
-                                         std::optional<double> threshold, EdgeOptions& options);
 
 // How an answer ended, as --json and the UI say it: length, eog, context_full, stopped.
 std::string stop_reason_name(StopReason stop);

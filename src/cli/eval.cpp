@@ -18,13 +18,13 @@
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
 #include "cli/eval_loglik.h"
-#include "tandem/error.h"
 #include "eval/stats.h"
 #include "eval/tasks.h"
 #include "net/delay_proxy.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
+#include "tandem/error.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
@@ -36,16 +36,26 @@ using namespace tandem::eval;
 
 // One configuration to evaluate: a mode, and for route mode a policy and a target share.
 struct RunSpec {
-  std::string name;  // "local", "cloud", "route-confidence-5%", "speculative"
+  std::string name;  // "local", "cloud", "route-confidence-5%", "route-ROUTER-5%", "speculative"
   EdgeMode mode = EdgeMode::Local;
   std::optional<double> target_rate;
+  std::string policy;       // route mode: confidence | entropy | margin, or "" for a router file
+  std::string router_path;  // route mode with a trained router
+};
+
+// A route-mode policy: a heuristic by name, or a trained router file (named by its file stem).
+struct PolicySpec {
+  std::string name, policy, router_path;
 };
 
 struct ItemRecord {
   std::string id;
   bool correct = false;
   std::string answer;  // "" when none could be extracted
+  // Answer tokens: a word task counts only the tokens that make up the answer word (the word
+  // rule, docs/eval.md), other tasks every token generated. `generated` counts every token.
   int tokens = 0, cloud_tokens = 0, route_events = 0, fallbacks = 0;
+  int generated = 0, generated_cloud = 0;
   uint64_t bytes_up = 0, bytes_down = 0;
   double ms = 0;
 };
@@ -57,7 +67,7 @@ std::string percent_name(double r) {
 }
 
 std::vector<RunSpec> parse_runs(const std::string& modes, const std::vector<double>& rates,
-                                const std::string& policy) {
+                                const std::vector<PolicySpec>& policies) {
   std::vector<RunSpec> runs;
   std::stringstream ss(modes);
   std::string m;
@@ -71,9 +81,14 @@ std::vector<RunSpec> parse_runs(const std::string& modes, const std::vector<doub
     }
     if (mode == EdgeMode::Route) {
       if (rates.empty()) throw Error("--modes has route but --rates is empty");
-      for (double r : rates) runs.push_back({"route-" + policy + "-" + percent_name(r), mode, r});
+      for (const PolicySpec& p : policies) {
+        for (double r : rates) {
+          runs.push_back(
+              {"route-" + p.name + "-" + percent_name(r), mode, r, p.policy, p.router_path});
+        }
+      }
     } else {
-      runs.push_back({m, mode, std::nullopt});
+      runs.push_back({m, mode, std::nullopt, "", ""});
     }
   }
   if (runs.empty()) throw Error("--modes names no mode");
@@ -103,6 +118,8 @@ std::map<std::string, ItemRecord> read_log(const fs::path& path) {
     r.cloud_tokens = j.value("cloud_tokens", 0);
     r.route_events = j.value("route_events", 0);
     r.fallbacks = j.value("fallbacks", 0);
+    r.generated = j.value("generated", r.tokens);
+    r.generated_cloud = j.value("generated_cloud", r.cloud_tokens);
     r.bytes_up = j.value("bytes_up", uint64_t{0});
     r.bytes_down = j.value("bytes_down", uint64_t{0});
     r.ms = j.value("ms", 0.0);
@@ -147,7 +164,8 @@ class EvalCommand : public Command {
         ->capture_default_str();
     sub_->add_option("--api-key", cloud_.api_key, "Cloud API key");
     sub_->add_flag("--insecure", cloud_.insecure, "https: do not verify the certificate");
-    sub_->add_option("--task", task_, "csqa | arc-easy | arc-challenge | piqa | gsm8k | wikitext")
+    sub_->add_option("--task", task_,
+                     "csqa | arc-easy | arc-challenge | piqa | gsm8k | lambada | wikitext")
         ->required();
     sub_->add_option("--cloud-model", cloud_model_,
                      "wikitext: the cloud model as a local file instead of --cloud");
@@ -163,24 +181,30 @@ class EvalCommand : public Command {
                      "chunks [0, K) is evaluated from chunk K on)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
-    sub_->add_option("--router", router_file_,
-                     "A trained router (GGUF, `tandem router train`): route mode uses it (runs "
-                     "named route-mlp-R); wikitext scores it as the 'mlp' policy next to the "
-                     "heuristics");
+    sub_->add_option("--router", router_files_,
+                     "A trained router (GGUF, `tandem router train`); repeat for several: route "
+                     "mode runs each (runs named route-STEM-R, STEM the file's name without "
+                     ".gguf), after the --policy heuristics when --policy is given; wikitext "
+                     "scores the first as the 'mlp' policy next to the heuristics");
     sub_->add_option("--modes", modes_, "Comma-separated: local,cloud,route,speculative")
         ->capture_default_str();
     sub_->add_option("--rates", rates_, "Route mode: target cloud shares, e.g. 0.02,0.05,0.1")
         ->delimiter(',')
         ->check(CLI::Range(0.0, 1.0));
-    sub_->add_option("--policy", policy_, "Route mode's router: confidence | entropy | margin")
+    sub_->add_option("--policy", policy_,
+                     "Route mode's heuristic routers, comma-separated: confidence, entropy, "
+                     "margin (default confidence; none by default when --router is given)")
         ->capture_default_str();
     sub_->add_option("--target-gain", target_gain_,
                      "Route mode: the target-rate controller's gain (as tandem run's)")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
-    sub_->add_option("--shots", shots_, "Few-shot examples in the prompt")
-        ->check(CLI::Range(0, 32))
-        ->capture_default_str();
+    sub_->add_option("--shots", shots_,
+                     "Few-shot examples in the prompt (default 5; lambada is zero-shot)")
+        ->check(CLI::Range(0, 32));
+    sub_->add_option("--items", items_,
+                     "Only items A to B of the task's file (0-based, both included), e.g. "
+                     "2576-5152 for LAMBADA's reported half");
     sub_->add_option("--limit", limit_, "Items at most (0: all)")->check(CLI::NonNegativeNumber);
     sub_->add_option("--data", data_, "The benchmark data folder")->capture_default_str();
     sub_->add_option("--out", out_, "Output folder (default eval-out/TASK)");
@@ -195,6 +219,9 @@ class EvalCommand : public Command {
                      "Add this network round trip between device and cloud (a loopback delay "
                      "proxy in this process)")
         ->check(CLI::Range(0.0, 10000.0));
+    sub_->add_flag("--no-sync-ahead", no_sync_ahead_,
+                   "Do not push locally decided tokens to the cloud in the background (a route "
+                   "event sends what the cloud lacks; the answers are the same)");
     sub_->add_flag("--no-plots", no_plots_, "Skip the gnuplot plots");
     sub_->add_flag("--json", json_, "Print results.json on stdout too");
   }
@@ -204,6 +231,8 @@ class EvalCommand : public Command {
     if (out_.empty()) out_ = "eval-out/" + task_;
     if (rates_.empty()) rates_ = {0.05, 0.2};
     if (task_ == "wikitext") {
+      if (router_files_.size() > 1) throw Error("--task wikitext scores one --router");
+      const std::string router_file = router_files_.empty() ? "" : router_files_.front();
       WikitextEvalOptions w;
       w.command = invocation();
       w.edge_model = model_;
@@ -219,14 +248,14 @@ class EvalCommand : public Command {
       w.chunks = chunks_;
       w.chunk_tokens = chunk_tokens_;
       w.chunk_offset = chunk_offset_;
-      w.router = router_file_;
+      w.router = router_file;
       w.threads = threads_;
       w.timeout_s = std::max(timeout_s_, 60.0);
       w.plots = !no_plots_;
       w.json = json_;
       return run_wikitext_eval(w);
     }
-    const auto runs = parse_runs(modes_, rates_, router_file_.empty() ? policy_ : "mlp");
+    const auto runs = parse_runs(modes_, rates_, policies());
     // The device reaches the cloud through the delay proxy when a round trip is asked for.
     std::unique_ptr<net::DelayProxy> proxy;
     if (rtt_ms_ > 0 && !cloud_.url.empty()) {
@@ -245,7 +274,9 @@ class EvalCommand : public Command {
         throw Error("mode " + r.name + " needs --cloud URL");
       }
     }
+    if (shots_ < 0) shots_ = default_shots(task_);
     Task task = load_task(task_, data_, shots_);
+    select_items(task);
     if (limit_ > 0 && static_cast<size_t>(limit_) < task.items.size()) task.items.resize(limit_);
     fs::create_directories(out_);
     auto model = Model::load(model_);
@@ -265,15 +296,15 @@ class EvalCommand : public Command {
                        {"vocab_hash", tok.fingerprint_hex()},
                        {"file_bytes", model->info().file_bytes}};
     results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}, {"rtt_ms_added", rtt_ms_}};
-    if (!router_file_.empty()) {
+    for (const std::string& path : router_files_) {
       // Checked against the edge model now, so a wrong router stops the run before any item.
       EdgeOptions probe;
-      const auto info = apply_router_file(router_file_, *model, model_, std::nullopt, probe);
-      results["router"] = {{"path", router_file_},
-                           {"label", info.label},
-                           {"edge_vocab_hash", info.vocab_hash},
-                           {"edge_name", info.edge_name},
-                           {"file_bytes", fs::file_size(router_file_)}};
+      const auto info = load_trained_router(path, *model, model_, std::nullopt, probe);
+      results["routers"].push_back({{"path", path},
+                                    {"label", info.label},
+                                    {"edge_vocab_hash", info.vocab_hash},
+                                    {"edge_name", info.edge_name},
+                                    {"file_bytes", fs::file_size(path)}});
     }
     results["machine"] = machine_description();
 
@@ -288,6 +319,68 @@ class EvalCommand : public Command {
   }
 
  private:
+  // The route-mode policies: the --policy heuristics, then each --router file.
+  std::vector<PolicySpec> policies() const {
+    std::vector<PolicySpec> out;
+    if (router_files_.empty() || sub_->count("--policy") > 0) {
+      std::stringstream ss(policy_);
+      std::string name;
+      while (std::getline(ss, name, ',')) {
+        if (name.empty()) continue;
+        if (name != "confidence" && name != "entropy" && name != "margin") {
+          throw Error("--policy: '" + name + "' is not confidence, entropy or margin");
+        }
+        out.push_back({name, name, ""});
+      }
+    }
+    for (const std::string& path : router_files_) {
+      out.push_back({fs::path(path).stem().string(), "", path});
+    }
+    std::set<std::string> names;
+    for (const PolicySpec& p : out) {
+      if (!names.insert(p.name).second) throw Error("two route policies are named " + p.name);
+    }
+    return out;
+  }
+
+  // --items A-B: keeps the task's items A to B (0-based, both included).
+  void select_items(Task& task) const {
+    if (items_.empty()) return;
+    const size_t dash = items_.find('-');
+    auto number = [&](const std::string& s) {
+      if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 9)
+        throw Error("--items '" + items_ + "': expected A-B, two item numbers");
+      return static_cast<size_t>(std::stoul(s));
+    };
+    if (dash == std::string::npos) throw Error("--items '" + items_ + "': expected A-B");
+    const size_t a = number(items_.substr(0, dash)), b = number(items_.substr(dash + 1));
+    if (a > b || b >= task.items.size()) {
+      throw Error("--items " + items_ + ": " + task.name + " has items 0-" +
+                  std::to_string(task.items.size() - 1) + " (" + task.source + ")");
+    }
+    task.items = std::vector<Item>(task.items.begin() + static_cast<std::ptrdiff_t>(a),
+                                   task.items.begin() + static_cast<std::ptrdiff_t>(b + 1));
+    if (task.name == "lambada" && !router_files_.empty() &&
+        a < static_cast<size_t>(kLambadaFirstReported)) {
+      std::fprintf(stderr,
+                   "warning: --items %s includes LAMBADA passages 0-%d, which routers are trained "
+                   "and tuned on: these figures are not held-out (report from %d on)\n",
+                   items_.c_str(), kLambadaFirstReported - 1, kLambadaFirstReported);
+    }
+  }
+
+  // The word rule: an answer's tokens are those up to the one holding the word's last byte
+  // (at least one: the token that showed there is no word); tokens past the word do not count.
+  static void count_answer_tokens(const std::vector<std::pair<size_t, bool>>& token_starts,
+                                  size_t word_end, ItemRecord& r) {
+    size_t k = 0;
+    while (k < token_starts.size() && token_starts[k].first < word_end) ++k;
+    if (k == 0 && !token_starts.empty()) k = 1;
+    r.tokens = static_cast<int>(k);
+    r.cloud_tokens = 0;
+    for (size_t i = 0; i < k; ++i) r.cloud_tokens += token_starts[i].second;
+  }
+
   std::map<std::string, ItemRecord> run_one(const RunSpec& spec, const Task& task,
                                             const Model& model, json& results) {
     const fs::path log = fs::path(out_) / ("items-" + spec.name + ".jsonl");
@@ -302,14 +395,15 @@ class EvalCommand : public Command {
     opts.mode = spec.mode;
     opts.sampling.temp = 0;
     opts.draft = draft_;
+    opts.sync_ahead = !no_sync_ahead_;
     opts.cloud_timeout_s = timeout_s_;
     opts.context.n_ctx = n_ctx_;
     opts.context.n_threads = threads_;
-    opts.router = parse_router_policy(policy_);
+    opts.router = parse_router_policy(spec.policy.empty() ? "confidence" : spec.policy);
     if (spec.target_rate) opts.router.target_rate = *spec.target_rate;
     opts.router.rate_gain = target_gain_;
-    if (spec.mode == EdgeMode::Route && !router_file_.empty())
-      apply_router_file(router_file_, model, model_, std::nullopt, opts);
+    if (spec.mode == EdgeMode::Route && !spec.router_path.empty())
+      load_trained_router(spec.router_path, model, model_, std::nullopt, opts);
     std::unique_ptr<CloudBackend> backend;
     if (spec.mode != EdgeMode::Local) backend = make_cloud_backend(cloud_, model);
     EdgeDecoder edge(model, opts, std::move(backend));
@@ -332,13 +426,16 @@ class EvalCommand : public Command {
       if (done.count(item.id)) continue;
       const auto ids = tok.encode(item_prompt(task, item), true, false);
       std::string text, error;
+      // Per token: where its text starts in the output, and whether the cloud chose it.
+      std::vector<std::pair<size_t, bool>> token_starts;
       EdgeResult res;
       try {
-        res = edge.generate(ids, task.max_answer_tokens,
-                            [&](const EdgeToken&, std::string_view piece) {
-                              text += piece;
-                              return !answer_complete(task.kind, text);
-                            });
+        res = edge.generate(
+            ids, task.max_answer_tokens, [&](const EdgeToken& t, std::string_view piece) {
+              token_starts.emplace_back(text.size(), t.source == TokenSource::Cloud);
+              text += piece;
+              return !answer_complete(task.kind, text);
+            });
       } catch (const Error& e) {  // e.g. a prompt longer than the context: logged, scored wrong
         error = e.what();
         if (errors_++ < 3) {
@@ -346,15 +443,16 @@ class EvalCommand : public Command {
         }
       }
       const std::string output = cut_answer(task.kind, res.text);
-      const auto answer = task.kind == TaskKind::MultipleChoice
-                              ? extract_choice(output, item.labels)
-                              : extract_number(output);
+      const auto answer = extract_answer(task, item, output);
       ItemRecord r;
       r.id = item.id;
       r.answer = answer.value_or("");
       r.correct = answer && *answer == item.gold;
-      r.tokens = res.stats.tokens;
-      r.cloud_tokens = res.stats.cloud_tokens;
+      r.generated = res.stats.tokens;
+      r.generated_cloud = res.stats.cloud_tokens;
+      r.tokens = r.generated;
+      r.cloud_tokens = r.generated_cloud;
+      if (task.kind == TaskKind::Word) count_answer_tokens(token_starts, output.size(), r);
       r.route_events = res.stats.route_events;
       r.fallbacks = res.stats.fallbacks;
       r.bytes_up = res.stats.bytes_up;
@@ -369,6 +467,8 @@ class EvalCommand : public Command {
                    {"correct", r.correct},
                    {"tokens", r.tokens},
                    {"cloud_tokens", r.cloud_tokens},
+                   {"generated", r.generated},
+                   {"generated_cloud", r.generated_cloud},
                    {"route_events", r.route_events},
                    {"fallbacks", r.fallbacks},
                    {"bytes_up", r.bytes_up},
@@ -419,6 +519,7 @@ class EvalCommand : public Command {
     for (const RunSpec& spec : runs) {
       const auto& recs = by_run.at(spec.name);
       int64_t n = 0, k = 0, tokens = 0, cloud = 0, events = 0, fallbacks = 0, agree = 0;
+      int64_t generated = 0, generated_cloud = 0;
       uint64_t up = 0, down = 0;
       double ms = 0;
       for (const Item& it : task.items) {
@@ -427,6 +528,8 @@ class EvalCommand : public Command {
         k += r.correct;
         tokens += r.tokens;
         cloud += r.cloud_tokens;
+        generated += r.generated;
+        generated_cloud += r.generated_cloud;
         events += r.route_events;
         fallbacks += r.fallbacks;
         up += r.bytes_up;
@@ -446,12 +549,17 @@ class EvalCommand : public Command {
                   {"accuracy", acc},
                   {"ci95", {ci.low, ci.high}},
                   {"cloud_share", tokens ? static_cast<double>(cloud) / tokens : 0.0},
+                  {"answer_tokens", tokens},
+                  {"cloud_tokens", cloud},
+                  {"generated_tokens", generated},
+                  {"cloud_share_of_generated",
+                   generated ? static_cast<double>(generated_cloud) / generated : 0.0},
                   {"route_events", events},
                   {"fallbacks", fallbacks},
                   {"bytes_up", up},
                   {"bytes_down", down},
                   {"ms_per_answer", n ? ms / n : 0.0},
-                  {"tok_s", ms > 0 ? 1000.0 * tokens / ms : 0.0}};
+                  {"tok_s", ms > 0 ? 1000.0 * generated / ms : 0.0}};
       if (have_cloud) row["agreement_with_cloud"] = n ? static_cast<double>(agree) / n : 0.0;
       const auto mine = correctness(spec.name);
       if (have_local && spec.name != "local") {
@@ -472,14 +580,60 @@ class EvalCommand : public Command {
                         {"significant", gap.p < 0.05}};
       for (auto& row : table) {
         if (std::abs(acc_cloud - acc_local) > 1e-12) {
-          row["gap_recovered"] =
-              (row["accuracy"].get<double>() - acc_local) / (acc_cloud - acc_local);
+          const GapRecovered g = gap_recovered(correctness(row["run"].get<std::string>()),
+                                               correctness("local"), correctness("cloud"));
+          row["gap_recovered"] = g.value;
+          row["gap_recovered_ci95"] = {g.ci95.low, g.ci95.high};
         }
       }
+      add_oracle(task, by_run, acc_local, acc_cloud, table, results);
     }
     results["runs"] = table;
     write_markdown(task, results);
     if (!no_plots_) plot(results);
+  }
+
+  // The oracle beside every row (docs/eval.md): at the row's own cloud share of answer tokens,
+  // route exactly the answers the cloud turns from wrong to right, cheapest first (an answer
+  // costs the tokens of the cloud's own answer). Also a curve of it for the plot.
+  static void add_oracle(const Task& task,
+                         const std::map<std::string, std::map<std::string, ItemRecord>>& by_run,
+                         double acc_local, double acc_cloud, json& table, json& results) {
+    const auto& local = by_run.at("local");
+    const auto& cloud = by_run.at("cloud");
+    std::vector<int64_t> costs;
+    int64_t local_tokens = 0;
+    for (const Item& it : task.items) {
+      const ItemRecord& l = local.at(it.id);
+      const ItemRecord& c = cloud.at(it.id);
+      local_tokens += l.tokens;
+      if (!l.correct && c.correct) costs.push_back(std::max(1, c.tokens));
+    }
+    const double n = static_cast<double>(task.items.size());
+    const double gap = acc_cloud - acc_local;
+    auto oracle_accuracy = [&](double share) {
+      return acc_local +
+             static_cast<double>(oracle_fixes(costs, share * static_cast<double>(local_tokens))) /
+                 n;
+    };
+    for (auto& row : table) {
+      if (row["mode"] == "local" || row["mode"] == "cloud") continue;
+      const double oracle = oracle_accuracy(row["cloud_share"].get<double>());
+      row["oracle_accuracy"] = oracle;
+      if (std::abs(gap) > 1e-12) {
+        row["oracle_gap_recovered"] = (oracle - acc_local) / gap;
+        if (oracle > acc_local + 1e-12) {
+          row["share_of_oracle"] =
+              (row["accuracy"].get<double>() - acc_local) / (oracle - acc_local);
+        }
+      }
+    }
+    json curve = json::array();
+    for (int pct = 0; pct <= 40; ++pct) {
+      curve.push_back({{"cloud_share", pct / 100.0}, {"accuracy", oracle_accuracy(pct / 100.0)}});
+    }
+    results["oracle"] = {
+        {"fixable_answers", costs.size()}, {"local_answer_tokens", local_tokens}, {"curve", curve}};
   }
 
   void write_markdown(const Task& task, const json& results) const {
@@ -489,24 +643,32 @@ class EvalCommand : public Command {
     md << "Edge: " << results["edge"]["name"].get<std::string>()
        << "; cloud: " << results["cloud"].value("model", std::string("-"))
        << "; machine: " << results["machine"].get<std::string>() << "\n\n";
-    md << "| run | accuracy | 95% CI | cloud share | route events | gap recovered | agreement with "
-          "cloud | vs local (McNemar p) | KiB up / down per answer | ms per answer |\n";
-    md << "|---|---|---|---|---|---|---|---|---|---|\n";
+    md << "| run | accuracy | 95% CI | cloud share | round trips per answer | gap recovered "
+          "(95% CI) | oracle at that share | share of oracle | agreement with cloud | vs local "
+          "(McNemar p) | KiB up / down per answer | ms per answer |\n";
+    md << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    auto pct = [](const json& r, const char* key, const char* f) {
+      return r.contains(key) ? fmt(f, 100 * r[key].get<double>()) : std::string("–");
+    };
     for (const auto& r : results["runs"]) {
       const double n = std::max(1.0, r["items"].get<double>());
-      md << "| " << r["run"].get<std::string>() << " | "
-         << fmt("%.1f%%", 100 * r["accuracy"].get<double>()) << " | "
+      std::string recovered = pct(r, "gap_recovered", "%.0f%%");
+      if (r.contains("gap_recovered_ci95")) {
+        recovered += " (" + fmt("%.0f", 100 * r["gap_recovered_ci95"][0].get<double>()) + "–" +
+                     fmt("%.0f%%", 100 * r["gap_recovered_ci95"][1].get<double>()) + ")";
+      }
+      std::string oracle = "–";
+      if (r.contains("oracle_accuracy")) {
+        oracle = fmt("%.1f%%", 100 * r["oracle_accuracy"].get<double>()) + " (" +
+                 pct(r, "oracle_gap_recovered", "%.0f%%") + " of the gap)";
+      }
+      md << "| " << r["run"].get<std::string>() << " | " << pct(r, "accuracy", "%.1f%%") << " | "
          << fmt("%.1f", 100 * r["ci95"][0].get<double>()) << "–"
          << fmt("%.1f", 100 * r["ci95"][1].get<double>()) << " | "
-         << fmt("%.1f%%", 100 * r["cloud_share"].get<double>()) << " | "
-         << r["route_events"].get<int64_t>() << " | "
-         << (r.contains("gap_recovered") ? fmt("%.0f%%", 100 * r["gap_recovered"].get<double>())
-                                         : "–")
-         << " | "
-         << (r.contains("agreement_with_cloud")
-                 ? fmt("%.1f%%", 100 * r["agreement_with_cloud"].get<double>())
-                 : "–")
-         << " | "
+         << pct(r, "cloud_share", "%.1f%%") << " | "
+         << fmt("%.2f", r["route_events"].get<double>() / n) << " | " << recovered << " | "
+         << oracle << " | " << pct(r, "share_of_oracle", "%.0f%%") << " | "
+         << pct(r, "agreement_with_cloud", "%.1f%%") << " | "
          << (r.contains("vs_local")
                  ? "+" + std::to_string(r["vs_local"]["better"].get<int64_t>()) + "/−" +
                        std::to_string(r["vs_local"]["worse"].get<int64_t>()) + " (" +
@@ -515,6 +677,10 @@ class EvalCommand : public Command {
          << " | " << fmt("%.1f", r["bytes_up"].get<double>() / 1024 / n) << " / "
          << fmt("%.1f", r["bytes_down"].get<double>() / 1024 / n) << " | "
          << fmt("%.0f", r["ms_per_answer"].get<double>()) << " |\n";
+    }
+    if (task.kind == TaskKind::Word) {
+      md << "\nCloud share counts the answer word's tokens only (the word rule, docs/eval.md); "
+            "round trips and bytes count everything sent.\n";
     }
     if (results.contains("gap")) {
       md << "\nLocal " << fmt("%.1f%%", 100 * results["gap"]["local"].get<double>()) << " vs cloud "
@@ -539,6 +705,13 @@ class EvalCommand : public Command {
             << "\n";
       }
     }
+    if (results.contains("oracle")) {
+      std::ofstream dat(dir / "oracle.dat");
+      for (const auto& p : results["oracle"]["curve"]) {
+        dat << 100 * p["cloud_share"].get<double>() << " " << 100 * p["accuracy"].get<double>()
+            << "\n";
+      }
+    }
     std::ofstream gp(dir / "plots.gp");
     gp << "set terminal pngcairo size 900,600 font 'sans,11'\n"
           "set datafile separator ' '\n"
@@ -549,11 +722,16 @@ class EvalCommand : public Command {
        << results["task"]["name"].get<std::string>()
        << ")'\n"
           "set xlabel 'cloud share of tokens (%)'\nset ylabel 'accuracy (%), 95% CI'\nset grid\n"
-          "set key off\nset xrange [-5:105]\nset yrange [0:*]\n"
+          "set key top left\nset xrange [-5:105]\nset yrange [0:*]\n"
           "plot '"
        << (dir / "pareto.dat").string()
-       << "' using 2:3:4:5 with yerrorbars pt 7 ps 1.2 lc rgb '#1f77b4', "
-          "'' using 2:3:1 with labels offset 1,1 left font ',9'\n"
+       << "' using 2:3:4:5 with yerrorbars pt 7 ps 1.2 lc rgb '#1f77b4' notitle, "
+          "'' using 2:3:1 with labels offset 1,1 left font ',9' notitle"
+       << (results.contains("oracle")
+               ? ", '" + (dir / "oracle.dat").string() +
+                     "' using 1:2 with lines dt 2 lc rgb '#2ca02c' title 'oracle'"
+               : std::string())
+       << "\n"
           "set output '"
        << (dir / "latency.png").string()
        << "'\n"
@@ -581,13 +759,14 @@ class EvalCommand : public Command {
   std::string data_ = (fs::path(TANDEM_SOURCE_DIR) / ".." / "shared" / "data").string();
   std::string out_, cloud_model_;
   int chunks_ = 8, chunk_tokens_ = 512, chunk_offset_ = 0;
-  std::string router_file_;
+  std::vector<std::string> router_files_;
+  std::string items_;
   std::vector<double> rates_;
   double target_gain_ = kDefaultRateGain;
   CloudOptions cloud_;
-  int shots_ = 5, limit_ = 0, draft_ = 4, n_ctx_ = 0, threads_ = 0;
+  int shots_ = -1, limit_ = 0, draft_ = 4, n_ctx_ = 0, threads_ = 0;
   double timeout_s_ = 10, rtt_ms_ = 0;
-  bool no_plots_ = false, json_ = false;
+  bool no_plots_ = false, json_ = false, no_sync_ahead_ = false;
   int errors_ = 0;
 };
 

@@ -13,12 +13,11 @@
 
 #include "cli/eval_loglik.h"
 #include "cli/teacher_forced.h"
-#include "tandem/error.h"
 #include "eval/loglik.h"
 #include "net/http_client.h"
-#include "router/router_file.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
+#include "tandem/error.h"
 #include "tandem/router.h"
 #include "tokenizer/tokenizer.h"
 
@@ -112,26 +111,28 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   if (cloud_local) cloud_ctx = std::make_unique<Context>(*cloud_local, cp);
 
   std::vector<std::string> policies = {"confidence", "entropy", "margin"};
-  RouterConfig mlp_config;
+  // Every policy's router as a device would start it for a target rate (the trained router
+  // through load_trained_router, as `run` and task evals load it: threshold, seeded window and
+  // the signal's top-k all from the file). rate 0: no target, for scoring only.
+  auto config_for = [&](const std::string& name, double rate) {
+    EdgeOptions opts;
+    opts.router = parse_router_policy(name == "mlp" ? "confidence" : name);
+    if (rate > 0) opts.router.target_rate = rate;
+    opts.router.rate_gain = o.rate_gain;
+    if (name == "mlp") load_trained_router(o.router, *edge, o.edge_model, std::nullopt, opts);
+    return opts;
+  };
+  int top_k_signal = EdgeOptions{}.top_k_signal;
   if (!o.router.empty()) {
-    router::RouterExpectations expect;
-    expect.vocab_hash = tok.fingerprint_hex();
-    expect.n_vocab = static_cast<uint32_t>(edge->info().n_vocab);
-    expect.n_embd = edge->info().n_embd;
-    expect.edge_path = o.edge_model;
-    mlp_config.policy = RouterPolicy::Mlp;
-    mlp_config.mlp = router::load_router(o.router, expect).model;
+    top_k_signal = config_for("mlp", 0).top_k_signal;
     policies.push_back("mlp");
   }
-  auto config_for = [&](const std::string& name) {
-    return name == "mlp" ? mlp_config : parse_router_policy(name);
-  };
   std::vector<std::vector<float>> hiddens;  // [scored position][n_embd], for the mlp policy
   std::vector<Position> positions;
   std::vector<RouterSignal> signals;
   std::vector<std::vector<float>> scores(policies.size());
   std::vector<Router> scorers;
-  for (const auto& p : policies) scorers.emplace_back(config_for(p));
+  for (const auto& p : policies) scorers.emplace_back(config_for(p, 0).router);
   const bool want_hidden = !o.router.empty();
   for (int c = 0; c < n_chunks; ++c) {
     const std::vector<TokenId> chunk = text_chunk(all, o.chunk_offset + c, L, tok);
@@ -141,7 +142,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
                 Position p;
                 p.edge_logprob = log_prob(logits, chunk[i + 1]);
                 positions.push_back(p);
-                signals.push_back(router_signal_from_logits(logits, i, 8));
+                signals.push_back(router_signal_from_logits(logits, i, top_k_signal));
                 hiddens.emplace_back(hidden.begin(), hidden.end());
                 signals.back().hidden = hiddens.back();
                 for (size_t k = 0; k < policies.size(); ++k)
@@ -184,10 +185,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   for (size_t k = 0; k < policies.size(); ++k) {
     for (double rate : o.rates) {
       // Online, as on a device: the controller sees the scores in order.
-      RouterConfig cfg = config_for(policies[k]);
-      cfg.target_rate = rate;
-      cfg.rate_gain = o.rate_gain;
-      Router router(cfg);
+      Router router(config_for(policies[k], rate).router);
       std::vector<bool> flags;
       for (size_t i = 0; i < positions.size(); ++i) {
         const RouteDecision d = router.decide(signals[i]);

@@ -8,7 +8,6 @@
 
 #include "cli/commands.h"
 #include "cli/teacher_forced.h"
-#include "tandem/error.h"
 #include "common/splitmix.h"
 #include "eval/tasks.h"
 #include "net/http_client.h"
@@ -17,6 +16,7 @@
 #include "router/train.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
+#include "tandem/error.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
@@ -51,10 +51,11 @@ class RouterCollect {
     sub_->add_option("--api-key", api_key_, "Cloud API key");
     sub_->add_option("--out", out_, "Trace file to write or resume")->required();
     sub_->add_option("--task", task_,
-                     "What to trace: wikitext (WikiText-2 test chunks, teacher-forced), or a "
-                     "multiple-choice task's items teacher-forced on their reference answers "
-                     "(csqa-train, csqa, arc-easy, arc-challenge, piqa; the eval's few-shot "
-                     "prompt, positions recorded from the answer on)")
+                     "What to trace: wikitext or wikitext-valid (WikiText-2 test or validation "
+                     "chunks, teacher-forced), or a task's items teacher-forced on their "
+                     "reference answers (csqa-train, csqa, arc-easy, arc-challenge, piqa, gsm8k; "
+                     "the eval's few-shot prompt, positions recorded from the answer on; lambada: "
+                     "the passage and its last word, passages 0-2575 only)")
         ->capture_default_str();
     sub_->add_option("--shots", shots_, "With --task: few-shot examples in the prompt")
         ->check(CLI::Range(0, 32))
@@ -139,17 +140,18 @@ class RouterCollect {
     // GSM8K (a numeric task): the outcome label judges each continuation's final answer.
     std::optional<eval::Task> numeric;
     std::vector<Source> sources;
-    if (task_ == "wikitext") {
+    if (task_ == "wikitext" || task_ == "wikitext-valid") {
       const int L = chunk_tokens_;
       if (first_position_ >= L - 1)
         throw Error("--first-position must be below --chunk-tokens - 1");
-      const std::vector<TokenId> all = wikitext_tokens(data_, tok);
+      const std::vector<TokenId> all =
+          wikitext_tokens(data_, tok, task_ == "wikitext" ? "test" : "valid");
       const int total = static_cast<int>(all.size() / L);
       const int n_chunks = std::min(chunks_, total - chunk_offset_);
       if (n_chunks < 1) {
-        throw Error("WikiText-2 test has " + std::to_string(total) + " chunks of " +
-                    std::to_string(L) + " tokens; --chunk-offset " + std::to_string(chunk_offset_) +
-                    " leaves none");
+        throw Error("WikiText-2 " + std::string(task_ == "wikitext" ? "test" : "valid") + " has " +
+                    std::to_string(total) + " chunks of " + std::to_string(L) +
+                    " tokens; --chunk-offset " + std::to_string(chunk_offset_) + " leaves none");
       }
       for (int c = 0; c < n_chunks; ++c) {
         const int id = chunk_offset_ + c;
@@ -157,11 +159,19 @@ class RouterCollect {
             {static_cast<uint64_t>(id), text_chunk(all, id, L, tok), first_position_});
       }
     } else {
-      const eval::Task task = eval::load_task(task_, data_, shots_);
+      const eval::Task task = eval::load_task(task_, data_, task_ == "lambada" ? 0 : shots_);
       const bool is_numeric = task.kind == eval::TaskKind::Numeric;
       if (is_numeric) numeric = task;
       const int n_items =
           std::min<int>(chunks_, static_cast<int>(task.items.size()) - chunk_offset_);
+      if (task.kind == eval::TaskKind::Word &&
+          chunk_offset_ + n_items > eval::kLambadaFirstReported) {
+        throw Error("router collect --task lambada: passages " +
+                    std::to_string(eval::kLambadaFirstReported) +
+                    " on are kept for reporting (docs/eval.md); --chunk-offset " +
+                    std::to_string(chunk_offset_) + " --chunks " + std::to_string(chunks_) +
+                    " reaches passage " + std::to_string(chunk_offset_ + n_items - 1));
+      }
       if (n_items < 1) {
         throw Error(task_ + " has " + std::to_string(task.items.size()) +
                     " items; --chunk-offset " + std::to_string(chunk_offset_) + " leaves none");
@@ -170,9 +180,11 @@ class RouterCollect {
         const eval::Item& item = task.items[chunk_offset_ + k];
         const std::string prompt = eval::item_prompt(task, item);
         const int n_prompt = static_cast<int>(tok.encode(prompt, true, false).size());
-        // Multiple choice: " B\n"; GSM8K: the worked solution as the shots show theirs.
-        const std::string answer =
-            is_numeric ? " " + item.reference + "\n\n" : " " + item.gold + "\n";
+        // Multiple choice: " B\n"; GSM8K: the worked solution as the shots show theirs;
+        // LAMBADA: " word", the word's own tokens only.
+        const std::string answer = is_numeric ? " " + item.reference + "\n\n"
+                                   : task.kind == eval::TaskKind::Word ? " " + item.gold
+                                                                       : " " + item.gold + "\n";
         std::vector<TokenId> ids = tok.encode(prompt + answer, true, false);
         if (static_cast<int>(ids.size()) <= n_prompt)
           throw Error(item.id + ": the answer added no tokens to the prompt");

@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
-#include "tandem/error.h"
 #include "kernels/kernels.h"
 #include "net/http_client.h"
+#include "tandem/error.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
@@ -157,8 +157,9 @@ float OutcomeProbe::measure(const std::vector<TokenId>& chunk, int i, TokenId ed
   return static_cast<float>(routed - own) / static_cast<float>(n_tokens_);
 }
 
-std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Tokenizer& tok) {
-  const std::string path = data_dir + "/wikitext-2/test.txt";
+std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Tokenizer& tok,
+                                     const std::string& split) {
+  const std::string path = data_dir + "/wikitext-2/" + split + ".txt";
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot read " + path);
   const std::string text((std::istreambuf_iterator<char>(in)), {});

@@ -28,7 +28,10 @@ float log_prob(std::span<const float> logits, TokenId token);
 TokenId argmax(std::span<const float> logits);
 
 // WikiText-2 test (data_dir/wikitext-2/test.txt) as one token stream, no BOS.
-std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Tokenizer& tok);
+// `split`: "test" (the file scored by eval and perplexity) or "valid" (for training routers:
+// no article in common with test).
+std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Tokenizer& tok,
+                                     const std::string& split = "test");
 // Chunk c of `chunk_tokens` tokens, its first token replaced by BOS where the vocabulary adds one
 // (as llama-perplexity does).
 std::vector<TokenId> text_chunk(const std::vector<TokenId>& all, int c, int chunk_tokens,

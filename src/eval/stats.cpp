@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "common/error.h"
 
@@ -46,6 +47,52 @@ Paired compare_paired(const std::vector<bool>& a, const std::vector<bool>& b) {
   }
   r.p = mcnemar_exact_p(r.only_a, r.only_b);
   return r;
+}
+
+GapRecovered gap_recovered(const std::vector<bool>& run, const std::vector<bool>& local,
+                           const std::vector<bool>& cloud, int resamples, uint64_t seed) {
+  const size_t n = run.size();
+  if (local.size() != n || cloud.size() != n) throw Error("gap recovered over different items");
+  // Per item, what it adds to run − local and to cloud − local: each in {-1, 0, 1}.
+  auto recovered = [&](auto&& pick) {
+    int64_t up = 0, gap = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = pick(k);
+      up += static_cast<int>(run[i]) - static_cast<int>(local[i]);
+      gap += static_cast<int>(cloud[i]) - static_cast<int>(local[i]);
+    }
+    return gap == 0 ? std::nan("") : static_cast<double>(up) / static_cast<double>(gap);
+  };
+  GapRecovered g;
+  g.value = recovered([](size_t k) { return k; });
+  if (n == 0 || std::isnan(g.value)) return g;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<size_t> item(0, n - 1);
+  std::vector<double> draws;
+  draws.reserve(static_cast<size_t>(resamples));
+  for (int b = 0; b < resamples; ++b) {
+    const double v = recovered([&](size_t) { return item(rng); });
+    if (!std::isnan(v)) draws.push_back(v);
+  }
+  if (draws.empty()) return g;
+  std::sort(draws.begin(), draws.end());
+  auto at = [&](double q) {
+    return draws[std::min(draws.size() - 1, static_cast<size_t>(q * (draws.size() - 1) + 0.5))];
+  };
+  g.ci95 = {at(0.025), at(0.975)};
+  return g;
+}
+
+int64_t oracle_fixes(std::vector<int64_t> fix_costs, double budget_tokens) {
+  std::sort(fix_costs.begin(), fix_costs.end());
+  int64_t fixed = 0;
+  double spent = 0;
+  for (int64_t c : fix_costs) {
+    if (spent + static_cast<double>(c) > budget_tokens + 1e-9) break;
+    spent += static_cast<double>(c);
+    ++fixed;
+  }
+  return fixed;
 }
 
 }  // namespace tandem::eval

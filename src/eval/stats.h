@@ -24,4 +24,20 @@ struct Paired {
 };
 Paired compare_paired(const std::vector<bool>& a, const std::vector<bool>& b);
 
+// The share of the local→cloud accuracy gap a run recovers, (acc_run − acc_local) /
+// (acc_cloud − acc_local), with a 95% paired bootstrap interval (items resampled together in all
+// three runs, `resamples` times from `seed`; resamples whose gap is zero are skipped). All three
+// vectors hold the same items in the same order.
+struct GapRecovered {
+  double value = 0;
+  Interval ci95;
+};
+GapRecovered gap_recovered(const std::vector<bool>& run, const std::vector<bool>& local,
+                           const std::vector<bool>& cloud, int resamples = 2000, uint64_t seed = 1);
+
+// The oracle router at a budget of cloud tokens: it knows which answers the cloud turns from
+// wrong to right and what each costs (`fix_costs`: the cloud tokens of each such answer), and
+// routes exactly those, cheapest first, while the budget lasts. Returns how many it fixes.
+int64_t oracle_fixes(std::vector<int64_t> fix_costs, double budget_tokens);
+
 }  // namespace tandem::eval

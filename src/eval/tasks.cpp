@@ -1,6 +1,7 @@
 #include "eval/tasks.h"
 
 #include <cctype>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -81,10 +82,128 @@ std::string shot_text(const Item& it, TaskKind kind, const std::string& worked_a
   return it.question + " " + it.gold + "\n\n";
 }
 
+// One UTF-8 character at text[i]: its code point and length; length 0 when the text ends
+// inside it (a generation that is still writing it). A byte that starts no valid sequence is
+// read as one character U+FFFD.
+struct Utf8Char {
+  uint32_t cp = 0;
+  size_t len = 0;
+};
+Utf8Char utf8_at(std::string_view text, size_t i) {
+  const auto b = static_cast<unsigned char>(text[i]);
+  const size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+  if (len == 0) return {0xFFFD, 1};
+  if (i + len > text.size()) return {0, 0};
+  uint32_t cp = len == 1 ? b : b & (0x7F >> len);
+  for (size_t k = 1; k < len; ++k) {
+    const auto c = static_cast<unsigned char>(text[i + k]);
+    if ((c >> 6) != 2) return {0xFFFD, 1};
+    cp = (cp << 6) | (c & 0x3F);
+  }
+  return {cp, len};
+}
+
+bool is_space(uint32_t cp) {
+  return cp == ' ' || (cp >= '\t' && cp <= '\r') || cp == 0xA0 || (cp >= 0x2000 && cp <= 0x200B) ||
+         cp == 0x3000;
+}
+// Marks that may open a quoted word: " ' ( [ « and the curly quotes.
+bool is_opening_mark(uint32_t cp) {
+  return cp == '"' || cp == '\'' || cp == '(' || cp == '[' || cp == 0xAB || cp == 0x2018 ||
+         cp == 0x201C;
+}
+bool is_apostrophe(uint32_t cp) {
+  return cp == '\'' || cp == 0x2019;
+}
+bool is_word_char(uint32_t cp) {
+  if (cp < 0x80) return std::isalnum(static_cast<int>(cp)) != 0;
+  if (cp == 0xFFFD || (cp >= 0xA0 && cp <= 0xBF) || cp == 0xD7 || cp == 0xF7) return false;
+  if ((cp >= 0x2000 && cp <= 0x206F) || (cp >= 0x3000 && cp <= 0x303F)) return false;
+  return true;
+}
+
+// LAMBADA: {"text": passage}. The prompt is the passage up to the whitespace before its last
+// word; the gold answer is that word by the word rule.
+std::vector<Item> lambada_items(const std::string& path) {
+  const auto rows = read_jsonl(path);
+  std::vector<Item> items;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string where = path + ":" + std::to_string(i + 1);
+    std::string text = str(rows[i], "text", where);
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    const size_t ws = text.find_last_of(" \t\n\r\f\v");
+    if (ws == std::string::npos) throw Error(where + ": the passage is a single word");
+    size_t context_end = ws;
+    while (context_end > 0 && std::isspace(static_cast<unsigned char>(text[context_end - 1])))
+      --context_end;
+    const auto gold = extract_word(std::string_view(text).substr(ws + 1));
+    if (!gold) {
+      throw Error(where + ": the passage's last word '" + text.substr(ws + 1) +
+                  "' holds no word to predict");
+    }
+    Item it;
+    it.id = "lambada-" + std::to_string(i);
+    it.question = text.substr(0, context_end);
+    it.gold = *gold;
+    items.push_back(std::move(it));
+  }
+  return items;
+}
+
 }  // namespace
 
 std::vector<std::string> task_names() {
-  return {"csqa", "csqa-train", "arc-easy", "arc-challenge", "piqa", "gsm8k"};
+  return {"csqa", "csqa-train", "arc-easy", "arc-challenge", "piqa", "gsm8k", "lambada"};
+}
+
+int default_shots(const std::string& name) {
+  return name == "lambada" ? 0 : 5;
+}
+
+WordSpan find_word(std::string_view text) {
+  WordSpan w;
+  size_t i = 0;
+  // Before the word: whitespace and opening marks only.
+  while (i < text.size()) {
+    const Utf8Char c = utf8_at(text, i);
+    if (c.len == 0) return w;
+    if (is_word_char(c.cp)) break;
+    if (!is_space(c.cp) && !is_opening_mark(c.cp)) {
+      w.begin = w.end = i;
+      w.refused = w.complete = true;
+      return w;
+    }
+    i += c.len;
+  }
+  w.begin = w.end = i;
+  // The word: word characters, and apostrophes between two of them.
+  while (i < text.size()) {
+    const Utf8Char c = utf8_at(text, i);
+    if (c.len == 0) return w;
+    if (is_word_char(c.cp)) {
+      i += c.len;
+      w.end = i;
+      continue;
+    }
+    if (is_apostrophe(c.cp) && w.end > w.begin) {
+      if (i + c.len >= text.size()) return w;  // what follows is not written yet
+      const Utf8Char next = utf8_at(text, i + c.len);
+      if (next.len == 0) return w;
+      if (is_word_char(next.cp)) {
+        i += c.len;
+        continue;
+      }
+    }
+    w.complete = w.end > w.begin;
+    return w;
+  }
+  return w;
+}
+
+std::optional<std::string> extract_word(std::string_view text) {
+  const WordSpan w = find_word(text);
+  if (w.refused || w.end == w.begin) return std::nullopt;
+  return std::string(text.substr(w.begin, w.end - w.begin));
 }
 
 Task load_task(const std::string& name, const std::string& data_dir, int shots) {
@@ -171,6 +290,17 @@ Task load_task(const std::string& name, const std::string& data_dir, int shots) 
       items.push_back(std::move(it));
     }
     t.header = "Solve the math word problems. End each solution with '#### ' and the number.\n\n";
+  } else if (name == "lambada") {
+    if (shots > 0) {
+      throw Error("lambada is zero-shot (the prompt is the passage itself): --shots " +
+                  std::to_string(shots) + " must be 0");
+    }
+    t.kind = TaskKind::Word;
+    t.max_answer_tokens = 8;
+    t.source = data_dir + "/lambada/lambada_test.jsonl";
+    t.shots_from = "none (zero-shot)";
+    t.items = lambada_items(t.source);
+    return t;
   } else {
     std::string names;
     for (const auto& n : task_names()) names += (names.empty() ? "" : ", ") + n;
@@ -194,6 +324,7 @@ std::string item_prompt(const Task& task, const Item& item) {
 
 std::string cut_answer(TaskKind kind, const std::string& output) {
   if (kind == TaskKind::MultipleChoice) return output.substr(0, output.find('\n'));
+  if (kind == TaskKind::Word) return output.substr(0, find_word(output).end);
   size_t cut = output.find("\nQuestion:");
   const size_t blank = output.find("\n\n");
   if (blank != std::string::npos && blank < cut) cut = blank;
@@ -201,7 +332,21 @@ std::string cut_answer(TaskKind kind, const std::string& output) {
 }
 
 bool answer_complete(TaskKind kind, const std::string& output) {
+  if (kind == TaskKind::Word) return find_word(output).complete;
   return cut_answer(kind, output).size() < output.size();
+}
+
+std::optional<std::string> extract_answer(const Task& task, const Item& item,
+                                          const std::string& output) {
+  switch (task.kind) {
+    case TaskKind::MultipleChoice:
+      return extract_choice(output, item.labels);
+    case TaskKind::Numeric:
+      return extract_number(output);
+    case TaskKind::Word:
+      return extract_word(output);
+  }
+  return std::nullopt;
 }
 
 std::optional<std::string> extract_choice(const std::string& output,

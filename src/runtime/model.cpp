@@ -29,6 +29,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   info.name = c.name;
   info.path = path;
   info.n_vocab = c.n_vocab;
+  info.vocab_hash = m->tokenizer_->fingerprint_hex();
   info.n_embd = c.n_embd;
   info.n_layer = c.n_layer;
   info.n_head = c.n_head;

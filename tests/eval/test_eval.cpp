@@ -2,6 +2,9 @@
 // computed by hand, and the tasks read from ../shared/data.
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <cmath>
+
 #include "common/error.h"
 #include "common/testdata.h"
 #include "eval/loglik.h"
@@ -55,6 +58,81 @@ TEST(EvalExtract, CutsTheAnswerWhereTheModelMovesOn) {
   EXPECT_EQ(cut_answer(TaskKind::Numeric, " 3 + 4 = 7\n#### 7\n\nQuestion: x"),
             " 3 + 4 = 7\n#### 7");
   EXPECT_FALSE(answer_complete(TaskKind::Numeric, " 3 + 4 = 7\n#### 7"));
+}
+
+// The word rule (docs/eval.md): where an answer word starts and ends, when generation may stop,
+// and what counts as no answer.
+TEST(EvalWord, TheFirstWordByTheRule) {
+  struct Case {
+    const char* out;
+    std::optional<std::string> want;
+    bool complete;
+  };
+  const std::vector<Case> cases = {
+      {" signs", "signs", false},              // may go on: " signs" + "pot"
+      {" signs.", "signs", true},              // punctuation ends it
+      {" signs and", "signs", true},           // whitespace ends it
+      {"\n\nPower", "Power", false},           // leading whitespace of any kind
+      {" \u201cSal\u201d", "Sal", true},       // an opening curly quote before the word
+      {" \"Ridley", "Ridley", false},          // a straight one
+      {" don't", "don't", false},              // an apostrophe between letters is inside
+      {" don\u2019t go", "don\u2019t", true},  // so is U+2019
+      {" dogs' bowls", "dogs", true},          // but not one that ends it
+      {" dogs'", "dogs", false},               // undecided until the next character
+      {" caf\u00e9 au", "caf\u00e9", true},    // non-ASCII letters are letters
+      {" know\u2014", "know", true},           // an em dash ends the word
+      {" 1984,", "1984", true},                // digits are word characters
+      {". He", std::nullopt, true},            // the sentence ended: no answer, and stop
+      {", and", std::nullopt, true},
+      {"", std::nullopt, false},
+      {"  ", std::nullopt, false},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.out);
+    EXPECT_EQ(extract_word(c.out), c.want);
+    EXPECT_EQ(answer_complete(TaskKind::Word, c.out), c.complete);
+  }
+  EXPECT_EQ(cut_answer(TaskKind::Word, " signs. The end"), " signs");
+  // A UTF-8 character still being written (its first byte only) neither ends nor extends it.
+  const std::string partial = std::string(" caf") + "\xc3";
+  EXPECT_FALSE(answer_complete(TaskKind::Word, partial));
+  EXPECT_EQ(extract_word(partial), "caf");
+}
+
+TEST(EvalWord, ExactMatchAgainstThePassagesOwnWord) {
+  Task t;
+  t.kind = TaskKind::Word;
+  Item it;
+  it.gold = *extract_word("\u201cSal");
+  EXPECT_EQ(it.gold, "Sal");
+  EXPECT_EQ(extract_answer(t, it, cut_answer(t.kind, " Sal, who")), "Sal");
+  EXPECT_NE(extract_answer(t, it, cut_answer(t.kind, " sal")), it.gold) << "case counts";
+  EXPECT_NE(extract_answer(t, it, cut_answer(t.kind, " Sally")), it.gold) << "a whole word";
+}
+
+TEST(EvalStats, OracleRoutesTheCheapestFixesFirst) {
+  EXPECT_EQ(oracle_fixes({2, 1, 1, 3}, 0), 0);
+  EXPECT_EQ(oracle_fixes({2, 1, 1, 3}, 1.5), 1);
+  EXPECT_EQ(oracle_fixes({2, 1, 1, 3}, 2), 2);
+  EXPECT_EQ(oracle_fixes({2, 1, 1, 3}, 4), 3);
+  EXPECT_EQ(oracle_fixes({2, 1, 1, 3}, 100), 4);
+}
+
+TEST(EvalStats, GapRecoveredWithABootstrapInterval) {
+  // 100 items: local right on 10, cloud on 50 (and on those 10), the run on 30 of them.
+  std::vector<bool> local(100, false), cloud(100, false), run(100, false);
+  for (int i = 0; i < 50; ++i) cloud[i] = true;
+  for (int i = 0; i < 10; ++i) local[i] = true;
+  for (int i = 0; i < 30; ++i) run[i] = true;
+  const GapRecovered g = gap_recovered(run, local, cloud);
+  EXPECT_DOUBLE_EQ(g.value, 0.5);
+  EXPECT_LT(g.ci95.low, 0.5);
+  EXPECT_GT(g.ci95.high, 0.5);
+  EXPECT_GT(g.ci95.low, 0.3) << "40 discordant items: the interval is not wide open";
+  EXPECT_LT(g.ci95.high, 0.7);
+  EXPECT_EQ(gap_recovered(run, local, cloud, 500, 7).value, 0.5);
+  const GapRecovered none = gap_recovered(run, local, local);
+  EXPECT_TRUE(std::isnan(none.value)) << "no gap, nothing to recover";
 }
 
 TEST(EvalStats, WilsonInterval) {
@@ -119,6 +197,22 @@ TEST(EvalTasks, LoadFromSharedData) {
   EXPECT_EQ(gsm.items.size(), 1319u - 2);
   EXPECT_EQ(gsm.kind, TaskKind::Numeric);
   EXPECT_NE(gsm.header.find("#### 18"), std::string::npos) << "a shot is a worked solution";
+  const Task lambada = load_task("lambada", data, 0);
+  EXPECT_EQ(lambada.kind, TaskKind::Word);
+  ASSERT_EQ(lambada.items.size(), 5153u);
+  EXPECT_EQ(lambada.header, "") << "zero-shot";
+  EXPECT_EQ(lambada.items[0].id, "lambada-0");
+  EXPECT_EQ(lambada.items[0].gold, "signs");
+  const std::string& q = lambada.items[0].question;
+  EXPECT_EQ(q.substr(q.size() - 16), "don't care about") << "cut before the last word";
+  EXPECT_EQ(lambada.items[5152].id, "lambada-5152");
+  for (const auto& it : lambada.items) {
+    EXPECT_EQ(extract_word(it.gold), it.gold) << it.id;
+    EXPECT_FALSE(std::isspace(static_cast<unsigned char>(it.question.back()))) << it.id;
+  }
+  EXPECT_THROW(load_task("lambada", data, 5), Error) << "zero-shot only";
+  EXPECT_EQ(default_shots("lambada"), 0);
+  EXPECT_EQ(default_shots("csqa"), 5);
   EXPECT_THROW(load_task("mmlu", data, 5), Error);
   EXPECT_THROW(load_task("csqa", "/nonexistent", 5), Error);
 }

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "../server/server_harness.h"
+#include "common/run_tandem.h"
 #include "common/testdata.h"
 
 namespace tandem::testing {
@@ -104,6 +105,81 @@ TEST(EvalEndToEnd, AllModesThroughALoopbackServerAndResume) {
     EXPECT_GT(fs::file_size(out / "pareto.png"), 1000u);
     EXPECT_GT(fs::file_size(out / "latency.png"), 1000u);
   }
+  fs::remove_all(out);
+}
+
+// LAMBADA through the server: the word rule's answer-token counts, the oracle beside every route
+// row, several policies in one run, and the flags' bad values refused.
+TEST(EvalEndToEnd, LambadaCountsAnswerTokensAndPutsTheOracleBesideEachRow) {
+  const std::string cloud = testdata_path("models/synth-llama-Q8_0.gguf");
+  const std::string edge = testdata_path("models/synth-llama-Q4_0.gguf");
+  const std::string data = (shared_dir() / "data").string();
+  ServerProcess server(cloud);
+  const fs::path out = fs::temp_directory_path() / ("tandem-lambada-" + std::to_string(getpid()));
+  fs::remove_all(out);
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port());
+  auto eval = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"eval",       "-m",         edge,     "--cloud", url,
+                                  "--task",     "lambada",    "--data", data,      "--out",
+                                  out.string(), "--no-plots", "-t",     "1"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_tandem(a, fs::temp_directory_path());
+  };
+  Ran r = eval({"--items", "2576-2600", "--modes", "local,cloud,route", "--rates", "0.3",
+                "--policy", "confidence,entropy"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json results = json::parse(std::ifstream(out / "results.json"));
+  EXPECT_EQ(results["task"]["items"], 25);
+  EXPECT_EQ(results["task"]["shots"], 0);
+  std::set<std::string> runs;
+  for (const auto& row : results["runs"]) runs.insert(row["run"].get<std::string>());
+  EXPECT_EQ(runs,
+            (std::set<std::string>{"local", "cloud", "route-confidence-30%", "route-entropy-30%"}));
+  for (const char* run : {"local", "cloud", "route-confidence-30%"}) {
+    SCOPED_TRACE(run);
+    const auto lines = read_lines(out / (std::string("items-") + run + ".jsonl"));
+    ASSERT_EQ(lines.size(), 25u);
+    EXPECT_EQ(lines.front()["id"], "lambada-2576");
+    for (const auto& l : lines) {
+      EXPECT_GE(l["tokens"].get<int>(), 1);
+      EXPECT_LE(l["tokens"].get<int>(), l["generated"].get<int>());
+      EXPECT_LE(l["generated"].get<int>(), 8) << "the cap";
+      EXPECT_LE(l["cloud_tokens"].get<int>(), l["generated_cloud"].get<int>());
+      EXPECT_LE(l["cloud_tokens"].get<int>(), l["tokens"].get<int>());
+      if (std::string(run) == "cloud") EXPECT_EQ(l["cloud_tokens"], l["tokens"]);
+      EXPECT_EQ(l["correct"].get<bool>(), l["answer"] == l["gold"]) << l.dump();
+    }
+  }
+  int64_t fixable = 0;
+  {
+    const auto local = read_lines(out / "items-local.jsonl");
+    const auto cl = read_lines(out / "items-cloud.jsonl");
+    for (size_t i = 0; i < local.size(); ++i) fixable += !local[i]["correct"] && cl[i]["correct"];
+  }
+  EXPECT_EQ(results["oracle"]["fixable_answers"], fixable);
+  for (const auto& row : results["runs"]) {
+    if (row["mode"] != "route") continue;
+    SCOPED_TRACE(row.dump());
+    ASSERT_TRUE(row.contains("oracle_accuracy"));
+    EXPECT_GE(row["oracle_accuracy"].get<double>(), results["gap"]["local"].get<double>());
+    EXPECT_LE(row["cloud_share"].get<double>(), row["cloud_share_of_generated"].get<double>() + 1)
+        << "shares are fractions";
+  }
+  std::ifstream md(out / "results.md");
+  const std::string table((std::istreambuf_iterator<char>(md)), {});
+  EXPECT_NE(table.find("oracle at that share"), std::string::npos);
+
+  r = eval({"--items", "5150-5160", "--modes", "local"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("items 0-5152"), std::string::npos) << r.err;
+  r = eval({"--items", "9-3", "--modes", "local"});
+  EXPECT_EQ(r.rc, 1);
+  r = eval({"--shots", "2", "--modes", "local"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("zero-shot"), std::string::npos) << r.err;
+  r = eval({"--policy", "confidence,oracle", "--modes", "route", "--rates", "0.1"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("'oracle'"), std::string::npos) << r.err;
   fs::remove_all(out);
 }
 

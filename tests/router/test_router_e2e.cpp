@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "../server/server_harness.h"
+#include "common/run_tandem.h"
 #include "common/testdata.h"
 #include "router/router_file.h"
 #include "router/trace.h"
@@ -20,37 +21,6 @@ namespace tandem::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Ran {
-  int rc = -1;
-  std::string out, err;
-};
-
-// Runs the tandem binary with its stdout and stderr captured in files.
-Ran run_tandem(const std::vector<std::string>& args, const fs::path& dir) {
-  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<std::string> all = {TANDEM_BINARY};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int fo = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int fe = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fo, STDOUT_FILENO);
-    dup2(fe, STDERR_FILENO);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  Ran r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_file(out.string());
-  r.err = read_file(err.string());
-  return r;
-}
 
 TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   const std::string cloud = testdata_path("models/synth-llama-Q8_0.gguf");
@@ -112,6 +82,27 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
     EXPECT_GT(recs.front().position, 100) << "recorded from the answer, not the prompt";
     for (size_t i = 1; i < recs.size(); ++i) EXPECT_EQ(recs[i].position, recs[0].position + i);
   }
+  // LAMBADA: the passage and its last word; records are the word's tokens only. Passages from
+  // 2576 on are kept for reporting: a collection reaching them is refused.
+  const std::string lambada_trace = (dir / "lambada.trace").string();
+  r = collect({"--cloud-model", cloud, "--task", "lambada", "--chunk-offset", "2573"}, 3,
+              lambada_trace);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const router::TraceFile lambada_tf = router::read_trace(lambada_trace);
+  ASSERT_EQ(lambada_tf.sequences.size(), 3u);
+  EXPECT_EQ(lambada_tf.sequences.back().id, 2575u);
+  for (const auto& seq : lambada_tf.sequences) {
+    ASSERT_GE(seq.records.size(), 1u);
+    EXPECT_LE(seq.records.size(), 8u) << "one word's tokens, not the passage";
+    EXPECT_GT(seq.records.front().position, 20) << "recorded from the answer, not the passage";
+  }
+  r = collect({"--cloud-model", cloud, "--task", "lambada", "--chunk-offset", "2574"}, 3,
+              (dir / "reported.trace").string());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("kept for reporting"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("reaches passage 2576"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "reported.trace")) << "refused before any work";
+
   // GSM8K teacher-forced on the worked solutions, with the outcome judged by the final answer's
   // correctness (the synthetic models never reach a '####' line: every outcome is 0, measured).
   const std::string gsm_trace = (dir / "gsm.trace").string();
@@ -279,7 +270,7 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   }
   EXPECT_EQ(mlp_rows, 2);
 
-  // A task eval routes with it through the server: runs named route-mlp-R, the router recorded.
+  // A task eval routes with it through the server: runs named route-STEM-R, the router recorded.
   const fs::path task_out = dir / "eval-csqa";
   r = run_tandem(
       {"eval",       "-m",      edge,      "--cloud",     url,        "--task", "csqa",
@@ -289,16 +280,43 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
       dir);
   ASSERT_EQ(r.rc, 0) << r.err;
   const json task = json::parse(std::ifstream(task_out / "results.json"));
-  EXPECT_EQ(task["router"]["path"], model);
-  EXPECT_EQ(task["router"]["label"], "disagree");
+  EXPECT_EQ(task["routers"][0]["path"], model);
+  EXPECT_EQ(task["routers"][0]["label"], "disagree");
   bool routed = false;
   for (const auto& run : task["runs"]) {
-    if (run["run"] != "route-mlp-30%") continue;
+    if (run["run"] != "route-router-30%") continue;
     routed = true;
     EXPECT_EQ(run["items"], 3);
     EXPECT_GT(run["cloud_share"].get<double>(), 0.0) << run.dump();
   }
   EXPECT_TRUE(routed) << task["runs"].dump();
+
+  // LAMBADA routed by the router on passages it may have been trained on: flagged as not held-out.
+  r = run_tandem({"eval",
+                  "-m",
+                  edge,
+                  "--cloud",
+                  url,
+                  "--task",
+                  "lambada",
+                  "--data",
+                  data,
+                  "--modes",
+                  "route",
+                  "--router",
+                  model,
+                  "--rates",
+                  "0.3",
+                  "--items",
+                  "2575-2576",
+                  "--out",
+                  (dir / "eval-lambada").string(),
+                  "--no-plots",
+                  "-t",
+                  "1"},
+                 dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("not held-out"), std::string::npos) << r.err;
 
   // A router for another model is refused, naming both fingerprints. (Every synth test model
   // shares one vocabulary and width, so the other model's router is this one relabelled.)
