@@ -1,4 +1,4 @@
-# Sourced by the scripts that need a cloud on this machine (demo.sh, lambada_figures.sh):
+# Sourced by the scripts that need a cloud on this machine (demo.sh, routing_figures.sh):
 #   start_cloud TANDEM MODEL THREADS LOG [PORT]
 # starts `TANDEM serve -m MODEL` on 127.0.0.1 (PORT, else a free one), waits until /health
 # answers (printing LOG and failing when the server dies first), and sets SERVER (its pid) and

@@ -116,4 +116,10 @@ class Router {
   uint64_t rng_state_;
 };
 
+// The decisions a device's router takes over a stream of signals, in order, each recorded as one
+// token before the next (the cloud's when routed): the offline replay that scores a policy on
+// teacher-forced text exactly as `tandem run` would decide on the same stream.
+std::vector<RouteDecision> replay_decisions(const RouterConfig& config,
+                                            std::span<const RouterSignal> signals);
+
 }  // namespace tandem

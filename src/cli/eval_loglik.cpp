@@ -142,7 +142,8 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
                 Position p;
                 p.edge_logprob = log_prob(logits, chunk[i + 1]);
                 positions.push_back(p);
-                signals.push_back(router_signal_from_logits(logits, i, top_k_signal));
+                // Row i decides token i + 1: the history then holds i + 1 tokens.
+                signals.push_back(router_signal_from_logits(logits, i + 1, top_k_signal));
                 hiddens.emplace_back(hidden.begin(), hidden.end());
                 signals.back().hidden = hiddens.back();
                 for (size_t k = 0; k < policies.size(); ++k)
@@ -185,13 +186,9 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   for (size_t k = 0; k < policies.size(); ++k) {
     for (double rate : o.rates) {
       // Online, as on a device: the controller sees the scores in order.
-      Router router(config_for(policies[k], rate).router);
       std::vector<bool> flags;
-      for (size_t i = 0; i < positions.size(); ++i) {
-        const RouteDecision d = router.decide(signals[i]);
+      for (const RouteDecision& d : replay_decisions(config_for(policies[k], rate).router, signals))
         flags.push_back(d.cloud);
-        router.record(d.cloud, 1);
-      }
       const RoutedLoglik online = routed(positions, flags);
       const WindowShares windows = window_shares(flags, rate, kShareWindow);
       std::vector<Position> with_scores = positions;

@@ -21,6 +21,8 @@ namespace {
 
 namespace asio = boost::asio;
 
+constexpr double kUiDefaultTargetRate = 0.07;
+
 class UiCommand : public Command {
  public:
   explicit UiCommand(CLI::App& app)
@@ -28,6 +30,7 @@ class UiCommand : public Command {
             "ui",
             "A browser view of routing: a page on 127.0.0.1 that streams each answer token "
             "by token, cloud tokens marked, with router scores and live stats")) {
+    edge_.options.sampling.temp = 0;  // greedy unless --temp says otherwise
     edge_.add_to(*sub_);
     http_.port = 8090;  // next to tandem serve's 8080, so both run with their defaults
     sub_->add_option("--host", http_.host,
@@ -44,6 +47,10 @@ class UiCommand : public Command {
   int run() override {
     http_.max_body_bytes = 64 * 1024;
     http_.own_answer_headers = ui::security_headers();
+    // The page opens at the paper's operating point: a 7% cloud share (a fixed threshold routes
+    // far more than that on a base model's answers), greedy (set before the flags, above).
+    if (sub_->count("--threshold") == 0 && sub_->count("--target-rate") == 0)
+      edge_.target_rate = kUiDefaultTargetRate;
     edge_.resolve();
     auto model = Model::load(edge_.model);
     edge_.load_router(*model);

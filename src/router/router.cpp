@@ -226,4 +226,16 @@ void Router::record(bool cloud, int n_tokens) {
   if (controller_) controller_->observe_outcome(cloud, n_tokens);
 }
 
+std::vector<RouteDecision> replay_decisions(const RouterConfig& config,
+                                            std::span<const RouterSignal> signals) {
+  Router router(config);
+  std::vector<RouteDecision> out;
+  out.reserve(signals.size());
+  for (const RouterSignal& s : signals) {
+    out.push_back(router.decide(s));
+    router.record(out.back().cloud, 1);
+  }
+  return out;
+}
+
 }  // namespace tandem

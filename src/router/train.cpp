@@ -200,7 +200,9 @@ Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_pos
       if (label.kind == LabelKind::Outcome && std::isnan(r.outcome)) continue;
       const size_t at = d.x.size();
       d.x.resize(at + F);
-      router_features(d.spec, r.hidden, r.log_top, r.entropy, r.margin, r.position, &d.x[at]);
+      // A record's row `position` decides the token after it, with position + 1 tokens of
+      // history: the signal position a device passes (RouterSignal::position).
+      router_features(d.spec, r.hidden, r.log_top, r.entropy, r.margin, r.position + 1, &d.x[at]);
       if (cloud_columns) {
         float* c = &d.x[at + d.spec.n_features()];
         c[0] = r.kl_cloud_edge;

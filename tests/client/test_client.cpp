@@ -22,7 +22,10 @@
 
 #include "common/testdata.h"
 #include "net/http_client.h"
+#include "router/router_file.h"
+#include "router/train.h"
 #include "tandem/client.h"
+#include "tandem/router_mlp.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem {
@@ -811,6 +814,99 @@ TEST(RealModel, RouteAndSpeculativeEqualTheCloudsGreedyOutput) {
     EXPECT_EQ(r.ids, want) << edge_mode_name(mode);
     EXPECT_EQ(r.stats.fallbacks, 0);
   }
+}
+
+// A router file for `edge`: an MLP with fixed pseudo-random weights over top-12 probabilities
+// (more than the signal's default 8, so a command that built its signals its own way could not
+// score it) and a calibration table from its own scores.
+void write_test_router(const Model& edge, const std::string& path) {
+  MlpRouterModel m;
+  m.spec = {.n_embd = edge.info().n_embd, .top_k = 12};
+  const int f = m.spec.n_features();
+  m.mean.assign(f, 0.0f);
+  m.scale.assign(f, 1.0f);
+  uint64_t state = 42;
+  auto weight = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(state >> 40) - (1 << 23)) / (1 << 23) * 0.3f;
+  };
+  MlpLayer hidden{f, 8, {}, {}}, out{8, 1, {}, {}};
+  for (int i = 0; i < f * 8; ++i) hidden.weight.push_back(weight());
+  for (int i = 0; i < 8; ++i) hidden.bias.push_back(weight());
+  // Position (the last feature) weighs a lot: a command that counted it from another origin
+  // would decide differently.
+  for (int o = 0; o < 8; ++o) hidden.weight[static_cast<size_t>(o) * f + f - 1] *= 40;
+  for (int i = 0; i < 8; ++i) out.weight.push_back(weight());
+  out.bias.push_back(0.0f);
+  m.layers = {hidden, out};
+  std::vector<float> x(f), scores;
+  for (int k = 0; k < 512; ++k) {
+    for (float& v : x) v = weight() * 3;
+    scores.push_back(m.score_features(x.data()));
+  }
+  router::calibrate(m, scores);
+  router::save_router(path, m, {edge.info().vocab_hash, static_cast<uint32_t>(edge.info().n_vocab),
+                                edge.info().name, "disagree", "{}"});
+}
+
+// One router loader: a trained router loaded by load_trained_router decides alike on a device
+// (the EdgeDecoder against a real server, as `run`, `ui` and the task evals use it) and in the
+// offline replay over the teacher-forced signals of the same token stream (`eval --task
+// wikitext`): the same first 256 decisions, with a target rate whose window starts from the
+// file's calibration.
+TEST(OneRouterLoader, DeviceAndReplayTakeTheSameDecisions) {
+  auto edge = Model::load(edge_model_path());
+  const std::string file = (std::filesystem::temp_directory_path() /
+                            ("tandem-router-" + std::to_string(getpid()) + ".gguf"))
+                               .string();
+  write_test_router(*edge, file);
+  auto configured = [&] {
+    EdgeOptions o = edge_options(EdgeMode::Route, "confidence");
+    o.router.target_rate = 0.25;
+    load_trained_router(file, *edge, edge_model_path(), std::nullopt, o);
+    return o;
+  };
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  CloudOptions c;
+  c.url = serve.url();
+  const EdgeOptions device = configured();
+  EXPECT_EQ(device.top_k_signal, 12);
+  EXPECT_FALSE(device.router.prior_scores.empty()) << "the window starts from the calibration";
+  EdgeDecoder dec(*edge, device, make_cloud_backend(c, *edge));
+  dec.start();
+  const auto prompt = edge->tokenizer().encode("Once upon a time there was", true, false);
+  const EdgeResult r = dec.generate(prompt, 256);
+  ASSERT_GE(r.ids.size(), 64u) << "enough decisions to compare";
+  EXPECT_EQ(r.stats.fallbacks, 0);
+
+  // The replay: the same stream teacher-forced, row i's signal deciding token i + 1.
+  std::vector<TokenId> stream = prompt;
+  stream.insert(stream.end(), r.ids.begin(), r.ids.end());
+  const EdgeOptions replay = configured();
+  Context ctx(*edge, {.n_ctx = 512, .n_seq = 1, .n_threads = 1});
+  const int n_prompt = static_cast<int>(prompt.size()), n = static_cast<int>(stream.size());
+  std::vector<BatchToken> batch;
+  for (int i = 0; i < n; ++i) {
+    const bool want = i >= n_prompt - 1 && i + 1 < n;
+    batch.push_back({stream[i], i, 0, want, want});
+  }
+  ctx.decode(batch);
+  std::vector<RouterSignal> signals;
+  for (int i = n_prompt - 1; i + 1 < n; ++i) {
+    signals.push_back(router_signal_from_logits(ctx.logits(i), i + 1, replay.top_k_signal));
+    signals.back().hidden = ctx.hidden(i);
+  }
+  const std::vector<RouteDecision> decided = replay_decisions(replay.router, signals);
+  ASSERT_EQ(decided.size(), r.sources.size());
+  int routed = 0;
+  for (size_t i = 0; i < decided.size(); ++i) {
+    EXPECT_EQ(decided[i].cloud, r.sources[i] == TokenSource::Cloud) << "token " << i;
+    routed += decided[i].cloud;
+  }
+  EXPECT_GT(routed, 0);
+  EXPECT_LT(routed, static_cast<int>(decided.size()));
+  std::filesystem::remove(file);
 }
 
 TEST_F(EdgeCloudTest, RealModelCloudIsRefusedByASyntheticEdge) {

@@ -131,11 +131,15 @@ def main():
         # The docs run shows real latencies; the test's tiny models need the slow link.
         link_port = cloud_port if DOCS else SlowLink(cloud_port, 0.025).port
         ui = start(["ui", "-m", EDGE, "--cloud", f"http://127.0.0.1:{link_port}",
-                    "--port", str(ui_port), "-t", "1", "--cloud-timeout", "2", "-n", N_PREDICT,
-                    "--temp", "0"],
+                    "--port", str(ui_port), "-t", "1", "--cloud-timeout", "2", "-n", N_PREDICT],
                    "ui.log")
         page = f"http://127.0.0.1:{ui_port}/"
         wait_http(page + "api/info", 60)
+        with urllib.request.urlopen(page + "api/info", timeout=5) as r:
+            defaults = json.load(r)["defaults"]
+        check(defaults.get("target_rate") == 0.07 and defaults.get("temp") == 0,
+              f"without --threshold, --target-rate or --temp the page opens at a 7% target share, "
+              f"greedy ({defaults})")
         with urllib.request.urlopen(page, timeout=5) as r:
             csp = r.headers.get("Content-Security-Policy") or ""
         check("default-src 'self'" in csp and "frame-ancestors 'none'" in csp,
