@@ -11,9 +11,9 @@
 
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
-#include "tandem/error.h"
 #include "server/http_server.h"
 #include "tandem/engine.h"
+#include "tandem/error.h"
 #include "ui/ui_server.h"
 
 namespace tandem::cli {

@@ -845,8 +845,9 @@ void write_test_router(const Model& edge, const std::string& path) {
     scores.push_back(m.score_features(x.data()));
   }
   router::calibrate(m, scores);
-  router::save_router(path, m, {edge.info().vocab_hash, static_cast<uint32_t>(edge.info().n_vocab),
-                                edge.info().name, "disagree", "{}"});
+  router::save_router(path, m,
+                      {edge.info().vocab_hash, static_cast<uint32_t>(edge.info().n_vocab),
+                       edge.info().name, "disagree", "{}"});
 }
 
 // One router loader: a trained router loaded by load_trained_router decides alike on a device
