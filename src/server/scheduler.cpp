@@ -11,7 +11,6 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "model/model_config.h"
 #include "server/metrics.h"
 
 namespace tandem::server {
