@@ -6,7 +6,7 @@
 // The score is "more reason to ask the cloud" (a logit for a classification label, the expected
 // log-likelihood gain of the cloud for the `gain` label). Each layer's dot products run through
 // tandem's f32 SIMD kernels by their public entry (tandem/vector_ops.h): the router layer
-// includes no engine or kernel headers (DESIGN.md §2). A 659×64 layer is ~40k multiply-adds, a
+// includes no engine or kernel headers (src/layers.txt). A 659×64 layer is ~40k multiply-adds, a
 // few microseconds against a ~20 ms decode step. Loading from and saving to GGUF is in
 // src/router/router_file.h.
 #pragma once

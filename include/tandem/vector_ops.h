@@ -1,6 +1,6 @@
 // tandem's own f32 vector kernels for the layers above the engine: the trained router's forward
 // pass (tandem/router_mlp.h) runs through them. An entry point with no kernel types in it, so
-// that the router includes no kernel headers (DESIGN.md §2) and still uses the SIMD kernels
+// that the router includes no kernel headers (src/layers.txt) and still uses the SIMD kernels
 // (Highway, the target chosen at run time), each tested against its scalar reference.
 #pragma once
 

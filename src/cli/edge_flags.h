@@ -42,7 +42,8 @@ struct EdgeFlags {
 // How an answer ended, as --json and the UI say it: length, eog, context_full, stopped.
 std::string stop_reason_name(StopReason stop);
 
-// EdgeStats as the JSON object `tandem run --json` prints under "stats" (DESIGN.md §6).
+// EdgeStats as the JSON object `tandem run --json` prints under "stats" (docs/client.md, the --json
+// contract).
 nlohmann::json edge_stats_json(const EdgeStats& stats);
 
 }  // namespace tandem::cli

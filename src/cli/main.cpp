@@ -1,8 +1,8 @@
 // The `tandem` command-line tool: one binary, one subcommand per job.
 //
-// Contract (DESIGN.md §6): machine-readable output is JSON on stdout with --json; human output,
-// progress and errors go to stderr. Exit codes: 0 success, 1 runtime error (bad model file,
-// bad input), 2 bad command line.
+// Contract (the project design, ../shared/DESIGN.md §6, outside this repository): machine-readable
+// output is JSON on stdout with --json; human output, progress and errors go to stderr. Exit codes:
+// 0 success, 1 runtime error (bad model file, bad input), 2 bad command line.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "tandem/error.h"
 #include "tandem/engine.h"
+#include "tandem/error.h"
 
 namespace tandem::cli {
 

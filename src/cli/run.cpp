@@ -2,7 +2,7 @@
 // mode, a router sends chosen tokens to the cloud (--cloud URL, a `tandem serve`), the cloud
 // verifies the small model's drafts, or the cloud decodes everything. The answer streams to
 // stdout (cloud tokens coloured on a terminal), a one-line summary goes to stderr, and --json
-// prints {"text","ids","source","score","stats"} (DESIGN.md §6).
+// prints {"text","ids","source","score","stats"} (docs/client.md, the --json contract).
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,9 +12,9 @@
 
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
-#include "tandem/error.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
+#include "tandem/error.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
