@@ -49,7 +49,8 @@ def budget(run, local, cloud):
         kind = ("fixable" if cc else "neither") if not lc else ("both" if cc else "harmful")
         kinds[kind] += 1
         tokens[kind] += r["cloud_tokens"]
-    fixable_all = sum(1 for i in local if i in cloud and not local[i]["correct"] and cloud[i]["correct"])
+    fixable_all = sum(1 for i in run
+                      if i in local and i in cloud and not local[i]["correct"] and cloud[i]["correct"])
     consulted = sum(kinds.values())
     return {
         "answers_consulted": consulted,

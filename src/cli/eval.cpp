@@ -46,7 +46,26 @@ struct RunSpec {
 // A route-mode policy: a heuristic by name, or a trained router file (named by its file stem).
 struct PolicySpec {
   std::string name, policy, router_path;
+  std::vector<double> rates;  // its own targets; empty: --rates
 };
+
+// "--router R.gguf[@T1,T2,...]": the file, and the targets given after the last '@' (a list of
+// shares in [0, 1]; a path with an '@' not followed by such a list is a path).
+std::pair<std::string, std::vector<double>> router_arg(const std::string& arg) {
+  const size_t at = arg.rfind('@');
+  if (at == std::string::npos) return {arg, {}};
+  std::vector<double> rates;
+  std::stringstream ss(arg.substr(at + 1));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const double r = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !(r >= 0 && r <= 1)) return {arg, {}};
+    rates.push_back(r);
+  }
+  if (rates.empty()) return {arg, {}};
+  return {arg.substr(0, at), rates};
+}
 
 struct ItemRecord {
   std::string id;
@@ -82,7 +101,7 @@ std::vector<RunSpec> parse_runs(const std::string& modes, const std::vector<doub
     if (mode == EdgeMode::Route) {
       if (rates.empty()) throw Error("--modes has route but --rates is empty");
       for (const PolicySpec& p : policies) {
-        for (double r : rates) {
+        for (double r : p.rates.empty() ? rates : p.rates) {
           runs.push_back(
               {"route-" + p.name + "-" + percent_name(r), mode, r, p.policy, p.router_path});
         }
@@ -182,10 +201,11 @@ class EvalCommand : public Command {
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
     sub_->add_option("--router", router_files_,
-                     "A trained router (GGUF, `tandem router train`); repeat for several: route "
-                     "mode runs each (runs named route-STEM-R, STEM the file's name without "
-                     ".gguf), after the --policy heuristics when --policy is given; wikitext "
-                     "scores the first as the 'mlp' policy next to the heuristics");
+                     "A trained router (GGUF, `tandem router train`), as R.gguf or "
+                     "R.gguf@T1,T2,... with targets of its own instead of --rates; repeat for "
+                     "several: route mode runs each (runs named route-STEM-T, STEM the file's "
+                     "name without .gguf), after the --policy heuristics when --policy is given; "
+                     "wikitext scores the first as the 'mlp' policy next to the heuristics");
     sub_->add_option("--modes", modes_, "Comma-separated: local,cloud,route,speculative")
         ->capture_default_str();
     sub_->add_option("--rates", rates_, "Route mode: target cloud shares, e.g. 0.02,0.05,0.1")
@@ -232,7 +252,8 @@ class EvalCommand : public Command {
     if (rates_.empty()) rates_ = {0.05, 0.2};
     if (task_ == "wikitext") {
       if (router_files_.size() > 1) throw Error("--task wikitext scores one --router");
-      const std::string router_file = router_files_.empty() ? "" : router_files_.front();
+      const std::string router_file =
+          router_files_.empty() ? "" : router_arg(router_files_.front()).first;
       WikitextEvalOptions w;
       w.command = invocation();
       w.edge_model = model_;
@@ -296,8 +317,9 @@ class EvalCommand : public Command {
                        {"vocab_hash", tok.fingerprint_hex()},
                        {"file_bytes", model->info().file_bytes}};
     results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}, {"rtt_ms_added", rtt_ms_}};
-    for (const std::string& path : router_files_) {
+    for (const std::string& arg : router_files_) {
       // Checked against the edge model now, so a wrong router stops the run before any item.
+      const std::string path = router_arg(arg).first;
       EdgeOptions probe;
       const auto info = load_trained_router(path, *model, model_, std::nullopt, probe);
       results["routers"].push_back({{"path", path},
@@ -330,11 +352,12 @@ class EvalCommand : public Command {
         if (name != "confidence" && name != "entropy" && name != "margin") {
           throw Error("--policy: '" + name + "' is not confidence, entropy or margin");
         }
-        out.push_back({name, name, ""});
+        out.push_back({name, name, "", {}});
       }
     }
-    for (const std::string& path : router_files_) {
-      out.push_back({fs::path(path).stem().string(), "", path});
+    for (const std::string& arg : router_files_) {
+      const auto [path, rates] = router_arg(arg);
+      out.push_back({fs::path(path).stem().string(), "", path, rates});
     }
     std::set<std::string> names;
     for (const PolicySpec& p : out) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "../server/server_harness.h"
 #include "common/run_tandem.h"
@@ -270,26 +271,49 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   }
   EXPECT_EQ(mlp_rows, 2);
 
-  // A task eval routes with it through the server: runs named route-STEM-R, the router recorded.
+  // A task eval routes with it through the server: runs named route-STEM-R, the router recorded;
+  // R.gguf@T gives the router targets of its own, beside the heuristic at --rates.
   const fs::path task_out = dir / "eval-csqa";
-  r = run_tandem(
-      {"eval",       "-m",      edge,      "--cloud",     url,        "--task", "csqa",
-       "--data",     data,      "--modes", "local,route", "--router", model,    "--rates",
-       "0.3",        "--limit", "3",       "--shots",     "1",        "--out",  task_out.string(),
-       "--no-plots", "-t",      "1"},
-      dir);
+  r = run_tandem({"eval",
+                  "-m",
+                  edge,
+                  "--cloud",
+                  url,
+                  "--task",
+                  "csqa",
+                  "--data",
+                  data,
+                  "--modes",
+                  "local,route",
+                  "--router",
+                  model + "@0.3,0.4",
+                  "--policy",
+                  "confidence",
+                  "--rates",
+                  "0.2",
+                  "--limit",
+                  "3",
+                  "--shots",
+                  "1",
+                  "--out",
+                  task_out.string(),
+                  "--no-plots",
+                  "-t",
+                  "1"},
+                 dir);
   ASSERT_EQ(r.rc, 0) << r.err;
   const json task = json::parse(std::ifstream(task_out / "results.json"));
   EXPECT_EQ(task["routers"][0]["path"], model);
   EXPECT_EQ(task["routers"][0]["label"], "disagree");
-  bool routed = false;
+  std::set<std::string> runs;
   for (const auto& run : task["runs"]) {
+    runs.insert(run["run"].get<std::string>());
     if (run["run"] != "route-router-30%") continue;
-    routed = true;
     EXPECT_EQ(run["items"], 3);
     EXPECT_GT(run["cloud_share"].get<double>(), 0.0) << run.dump();
   }
-  EXPECT_TRUE(routed) << task["runs"].dump();
+  EXPECT_EQ(runs, (std::set<std::string>{"local", "route-confidence-20%", "route-router-30%",
+                                         "route-router-40%"}));
 
   // LAMBADA routed by the router on passages it may have been trained on: flagged as not held-out.
   r = run_tandem({"eval",
