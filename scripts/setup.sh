@@ -14,7 +14,7 @@ PACKAGES=(
   libcpp-httplib-dev libssl-dev libboost-dev
   haproxy curl ccache gnuplot-nox openssl
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  clang libclang-rt-14-dev clang-format
+  clang libclang-rt-14-dev clang-format clang-tidy
   python3 python3-pip python3-venv
   chromium chromium-driver
 )

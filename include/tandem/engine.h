@@ -17,8 +17,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "tandem/chat.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -26,6 +28,7 @@ namespace tandem {
 using TokenId = int32_t;
 
 class Tokenizer;
+class StreamDecoder;
 class GgufFile;
 struct ModelConfig;
 struct ModelWeights;
@@ -73,6 +76,36 @@ class Model {
   ~Model();
 
   const ModelInfo& info() const { return info_; }
+
+  // ---- text: the model's vocabulary, tokenized and detokenized as llama.cpp's does ----
+  // (info().vocab_hash is its fingerprint.)
+
+  // Tokens in the vocabulary: at most info().n_vocab, the embedding's rows, which may have
+  // padding rows past the last token.
+  int vocab_size() const;
+  // Text to tokens. add_special: BOS (and EOS) where the vocabulary asks for them; parse_special:
+  // control-token texts in the text ("<start_of_turn>") become single tokens. Any bytes are
+  // accepted (invalid UTF-8 never throws).
+  std::vector<TokenId> tokenize(std::string_view text, bool add_special, bool parse_special) const;
+  // Tokens to text (llama_detokenize): remove_special drops BOS/EOS; unparse_special writes
+  // control tokens as their text instead of nothing.
+  std::string detokenize(std::span<const TokenId> ids, bool remove_special = false,
+                         bool unparse_special = true) const;
+  // The exact bytes of one token (llama_token_to_piece): "" for an id out of range; special:
+  // control tokens as their text. Pieces may split a UTF-8 character (TextStream joins them).
+  std::string token_piece(TokenId id, bool special = true) const;
+  // Whether generation ends at this token (llama.cpp's end-of-generation set: EOS, EOT, ...).
+  bool is_end_of_generation(TokenId id) const;
+  TokenId bos() const;
+  TokenId eos() const;
+  bool adds_bos() const;  // whether tokenize(..., add_special = true) starts with bos()
+  // The conversation in the model's chat template (tokenizer.chat_template, else the one its
+  // architecture implies), BOS not included; add_generation_prompt: end with the opening of
+  // the assistant's turn. Throws tandem::Error when the model has no template tandem knows.
+  std::string chat_prompt(const std::vector<ChatMessage>& messages,
+                          bool add_generation_prompt) const;
+
+  // Internals, for the layers inside the engine (src/); the text API above is the public one.
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ModelConfig& config() const { return *config_; }
   const ModelWeights& weights() const { return *weights_; }
@@ -87,6 +120,23 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::vector<float>> owned_;  // f32 copies when dequantize_to_f32
   std::vector<std::unique_ptr<kernels::PackedWeights>> packed_;  // when repack
+};
+
+// Generated tokens to text as they come: push returns only complete UTF-8 characters and holds
+// back a character split between pieces; flush returns what is held (an incomplete character
+// as U+FFFD) and starts over. The pieces joined are Model::token_piece's, with no leading-space
+// removal or clean-up pass (as llama.cpp's streaming).
+class TextStream {
+ public:
+  explicit TextStream(const Model& model, bool special = true);
+  ~TextStream();
+  TextStream(const TextStream&) = delete;
+  TextStream& operator=(const TextStream&) = delete;
+  std::string push(TokenId id);
+  std::string flush();
+
+ private:
+  std::unique_ptr<StreamDecoder> decoder_;
 };
 
 // One token of a batch: its id, its position in its sequence, the sequence slot, and what the

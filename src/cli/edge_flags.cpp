@@ -7,7 +7,6 @@
 
 #include "common/default_model.h"
 #include "tandem/error.h"
-#include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
 

@@ -3,10 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "tandem/error.h"
 #include "tandem/engine.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
+#include "tandem/error.h"
 
 namespace tandem::cli {
 namespace {
@@ -48,16 +46,15 @@ class GenerateCommand : public Command {
     std::string prompt = read_prompt(prompt_, file_, prompt_opt_->count() > 0);
     if (seed_ >= 0) sp_.seed = static_cast<uint64_t>(seed_);
     auto model = Model::load(model_);
-    const Tokenizer& tok = model->tokenizer();
     bool parse_special = parse_special_;
     if (chat_) {
       std::vector<ChatMessage> msgs;
       if (!system_.empty()) msgs.push_back({"system", system_});
       msgs.push_back({"user", prompt});
-      prompt = apply_chat_template(model->file(), msgs, true);
+      prompt = model->chat_prompt(msgs, true);
       parse_special = true;
     }
-    const auto ids = tok.encode(prompt, !no_bos_, parse_special);
+    const auto ids = model->tokenize(prompt, !no_bos_, parse_special);
     if (ids.empty()) throw Error("the prompt is empty after tokenization");
     if (verbose_prompt_) {
       for (TokenId id : ids) std::fprintf(stderr, "%d ", id);

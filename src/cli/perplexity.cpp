@@ -12,10 +12,9 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "tandem/error.h"
 #include "quantize/perplexity.h"
 #include "tandem/engine.h"
-#include "tokenizer/tokenizer.h"
+#include "tandem/error.h"
 
 namespace tandem::cli {
 namespace {
@@ -64,15 +63,14 @@ class PerplexityCommand : public Command {
                     " tokens, '" + model_ + "' has " + std::to_string(model->info().n_vocab));
       }
     }
-    const Tokenizer& tok = model->tokenizer();
-    const std::vector<TokenId> tokens = tok.encode(text, true, false);
+    const std::vector<TokenId> tokens = model->tokenize(text, true, false);
     const int n_chunk = quant::n_chunks(static_cast<int64_t>(tokens.size()), n_ctx_, max_chunks_);
     if (n_chunk == 0) {
       throw Error("'" + file_ + "' has " + std::to_string(tokens.size()) +
                   " tokens; need at least 2 * n_ctx = " + std::to_string(2 * n_ctx_) +
                   " for a useful estimate and at least n_ctx for one chunk (try a smaller -c)");
     }
-    const bool add_bos = tok.add_bos();
+    const bool add_bos = model->adds_bos();
     const int first = quant::first_scored(n_ctx_);
     std::fprintf(stderr,
                  "perplexity: %s: %zu tokens, %d chunks of %d (scoring %d per chunk), batch %d%s\n",
@@ -102,7 +100,7 @@ class PerplexityCommand : public Command {
         batch.clear();
         for (int p = b0; p < b1; ++p) {
           TokenId t = tokens[start + p];
-          if (p == 0 && add_bos) t = tok.bos();
+          if (p == 0 && add_bos) t = model->bos();
           const bool want = p >= first && p <= n_ctx_ - 2;
           batch.push_back({t, p, 0, want, false});
         }

@@ -15,8 +15,6 @@
 #include "tandem/client.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
 namespace {
@@ -85,7 +83,6 @@ class RunCommand : public Command {
 
     auto model = Model::load(edge_.model);
     edge_.load_router(*model);
-    const Tokenizer& tok = model->tokenizer();
     EdgeDecoder edge(*model, edge_.options, edge_.make_backend(*model));
     const std::string cloud_line = edge.start();
     if (edge_.options.mode != EdgeMode::Local)
@@ -99,10 +96,10 @@ class RunCommand : public Command {
       std::vector<ChatMessage> msgs;
       if (!system_.empty()) msgs.push_back({"system", system_});
       msgs.push_back({"user", prompt});
-      prompt = apply_chat_template(model->file(), msgs, true);
+      prompt = model->chat_prompt(msgs, true);
       parse_special = true;
     }
-    const auto ids = tok.encode(prompt, true, parse_special);
+    const auto ids = model->tokenize(prompt, true, parse_special);
     if (ids.empty()) throw Error("the prompt is empty after tokenization");
     if (!json_ && !chat_) {
       std::fwrite(prompt.data(), 1, prompt.size(), stdout);
@@ -171,7 +168,6 @@ class RunCommand : public Command {
   // turn, as the chat template renders them, to the token history (so the cloud session only
   // receives the new tokens).
   int run_interactive(const Model& model, EdgeDecoder& edge) {
-    const Tokenizer& tok = model.tokenizer();
     std::vector<ChatMessage> msgs;
     if (!system_.empty()) msgs.push_back({"system", system_});
     std::vector<TokenId> history;
@@ -192,15 +188,15 @@ class RunCommand : public Command {
       if (history.empty()) {
         std::vector<ChatMessage> m = msgs;
         m.push_back({"user", user});
-        ids = tok.encode(apply_chat_template(model.file(), m, true), true, true);
+        ids = model.tokenize(model.chat_prompt(m, true), true, true);
       } else {
         std::vector<ChatMessage> m = msgs;
         m.push_back({"assistant", marker});
         m.push_back({"user", user});
-        const std::string text = apply_chat_template(model.file(), m, true);
+        const std::string text = model.chat_prompt(m, true);
         const std::string delta = text.substr(text.rfind(marker) + marker.size());
         ids = history;
-        const auto more = tok.encode(delta, false, true);
+        const auto more = model.tokenize(delta, false, true);
         ids.insert(ids.end(), more.begin(), more.end());
       }
       show_prompt(ids);

@@ -4,12 +4,10 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
-#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
-#include "kernels/kernels.h"
 #include "net/http_client.h"
 #include "tandem/error.h"
 #include "tokenizer/tokenizer.h"
@@ -17,22 +15,6 @@
 namespace tandem::cli {
 
 using json = nlohmann::json;
-
-double log_normalizer(std::span<const float> logits) {
-  float mx = -INFINITY;
-  for (float v : logits) mx = std::max(mx, v);
-  double sum = 0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
-  return mx + std::log(sum);
-}
-
-float log_prob(std::span<const float> logits, TokenId token) {
-  return static_cast<float>(logits[token] - log_normalizer(logits));
-}
-
-TokenId argmax(std::span<const float> logits) {
-  return static_cast<TokenId>(kernels::argmax(logits.data(), static_cast<int64_t>(logits.size())));
-}
 
 int common_subsequence(const std::vector<TokenId>& a, const std::vector<TokenId>& b) {
   // One row of the dynamic programme at a time: row[j] = LCS(a[0, i), b[0, j)).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tandem/engine.h"
+#include "tandem/vector_ops.h"  // argmax, log_prob, log_sum_exp for this file's users
 
 namespace tandem {
 class Tokenizer;
@@ -21,11 +22,11 @@ class HttpClient;
 
 namespace tandem::cli {
 
-// log Σ exp(logits): log p(t) = logits[t] − log_normalizer(logits).
-double log_normalizer(std::span<const float> logits);
-// log p(token) from a logits row.
-float log_prob(std::span<const float> logits, TokenId token);
-TokenId argmax(std::span<const float> logits);
+// router_cmd.cpp's name for tandem::log_sum_exp (argmax and log_prob are tandem's, from
+// tandem/vector_ops.h), until it calls that one.
+inline double log_normalizer(std::span<const float> logits) {
+  return log_sum_exp(logits);
+}
 
 // WikiText-2 test (data_dir/wikitext-2/test.txt) as one token stream, no BOS.
 // `split`: "test" (the file scored by eval and perplexity) or "valid" (for training routers:

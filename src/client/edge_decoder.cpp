@@ -13,7 +13,7 @@
 #include "client/cloud_link.h"
 #include "common/error.h"
 #include "tandem/client.h"
-#include "tokenizer/tokenizer.h"
+#include "tandem/vector_ops.h"
 
 namespace tandem {
 
@@ -23,10 +23,6 @@ namespace {
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-TokenId argmax(std::span<const float> logits) {
-  return static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 }  // namespace
@@ -153,7 +149,6 @@ float EdgeDecoder::route_score(bool* cloud) {
 
 EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict,
                                  const EdgeTokenCallback& on_token) {
-  const Tokenizer& tok = model_.tokenizer();
   EdgeResult res;
   EdgeStats& st = res.stats;
   if (context.empty()) throw Error("generate: the prompt is empty (no tokens to start from)");
@@ -185,14 +180,14 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
   maybe_sync(true);
 
   const auto t_start = Clock::now();
-  StreamDecoder stream(tok);
+  TextStream stream(model_);
   bool stopped = false;
   int cloud_warned = 0;
 
   // Appends one produced token; false when generation ends here.
   auto emit = [&](TokenId id, TokenSource source, float score, TokenId edge_top1 = -1,
                   bool fallback = false) -> bool {
-    if (tok.is_eog(id)) {
+    if (model_.is_end_of_generation(id)) {
       res.stop = StopReason::EndOfGeneration;
       return false;
     }
@@ -307,7 +302,7 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
           for (int i = 0; i < n_draft; ++i) {
             const TokenId d = argmax(logits_);
             drafts.push_back(d);
-            if (tok.is_eog(d) || i + 1 == n_draft) break;
+            if (model_.is_end_of_generation(d) || i + 1 == n_draft) break;
             const BatchToken bt{d, static_cast<int32_t>(local_tokens_.size()), 0, true};
             ctx_->decode(std::span<const BatchToken>(&bt, 1));
             local_tokens_.push_back(d);

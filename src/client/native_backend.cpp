@@ -19,7 +19,6 @@
 #include "common/error.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
-#include "tokenizer/tokenizer.h"
 
 namespace tandem {
 namespace {
@@ -46,8 +45,8 @@ class NativeBackend : public CloudBackend {
                                .api_key = options.api_key,
                                .max_body_bytes = options.max_answer_bytes}),
         edge_name_(edge_model_name(edge)),
-        edge_n_vocab_(edge.tokenizer().n_vocab()),
-        edge_hash_(edge.tokenizer().fingerprint_hex()) {}
+        edge_n_vocab_(edge.vocab_size()),
+        edge_hash_(edge.info().vocab_hash) {}
 
   std::string name() const override {
     return "tandem " + http_.url().origin() + http_.url().prefix;

@@ -14,7 +14,6 @@
 #include "client/cloud_answer.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
-#include "tokenizer/tokenizer.h"
 
 namespace tandem {
 namespace {
@@ -34,7 +33,7 @@ class StatelessBackend : public CloudBackend {
                                .ca_file = options.ca_file,
                                .api_key = options.api_key,
                                .max_body_bytes = options.max_answer_bytes}),
-        tok_(edge.tokenizer()) {}
+        edge_(edge) {}
 
   std::string name() const override {
     return std::string(dialect_ == Dialect::OpenAi   ? "openai"
@@ -63,7 +62,7 @@ class StatelessBackend : public CloudBackend {
  private:
   CloudModelInfo connect_unguarded() {
     CloudModelInfo info;
-    info.n_vocab = tok_.n_vocab();
+    info.n_vocab = edge_.vocab_size();
     // The model name (OpenAI requests need it) and a vocabulary probe: /tokenize where the
     // server has it (llama.cpp and tandem serve; tandem also reports vocab_hash).
     if (dialect_ == Dialect::OpenAi) model_name_ = first_model_name();
@@ -96,24 +95,24 @@ class StatelessBackend : public CloudBackend {
     if (r.status == 401 || r.status == 403) throw cloud::status_error(r, what);
     if (r.status != 200) return;
     const json j = cloud::parse_answer(r, what);
-    const std::string edge_hash = tok_.fingerprint_hex();
+    const std::string edge_hash = edge_.info().vocab_hash;
     if (cloud::has(j, "vocab_hash")) {
       info.vocab_hash = cloud::string_field(j, "vocab_hash", what, 64);
       if (info.vocab_hash != edge_hash) {
         const int64_t n = cloud::int_field_or(j, "n_vocab", what, 0, INT_MAX, 0);
         throw CloudError(CloudError::Kind::Fatal,
                          "the cloud's vocabulary differs from the edge's: edge vocab_hash " +
-                             edge_hash + " (" + std::to_string(tok_.n_vocab()) +
+                             edge_hash + " (" + std::to_string(edge_.vocab_size()) +
                              " tokens), cloud vocab_hash " + cloud::excerpt(info.vocab_hash, 64) +
                              " (" + std::to_string(n) + " tokens)");
       }
       return;
     }
     if (!cloud::has(j, "tokens")) return;
-    const auto mine = tok_.encode(probe, false, false);
+    const auto mine = edge_.tokenize(probe, false, false);
     std::vector<TokenId> theirs;
     try {
-      theirs = cloud::token_field(j, "tokens", what, tok_.n_vocab(), 4 * probe.size());
+      theirs = cloud::token_field(j, "tokens", what, edge_.vocab_size(), 4 * probe.size());
     } catch (const CloudError& e) {
       throw CloudError(CloudError::Kind::Fatal,
                        std::string("the cloud tokenizes a probe text with ids the edge does not "
@@ -151,8 +150,8 @@ class StatelessBackend : public CloudBackend {
     bool eog = false;
     const std::vector<TokenId> gen = generate(prompt, n, sp, op.send_seed, &eog);
     std::vector<TokenId> tokens = gen;
-    if (eog && static_cast<int>(tokens.size()) < n && tok_.eos() >= 0) {
-      tokens.push_back(tok_.eos());
+    if (eog && static_cast<int>(tokens.size()) < n && edge_.eos() >= 0) {
+      tokens.push_back(edge_.eos());
     }
     if (tokens.empty()) {
       throw CloudError(CloudError::Kind::Unavailable, name() + ": the answer has no tokens");
@@ -229,11 +228,11 @@ class StatelessBackend : public CloudBackend {
         const auto fr = meta.find("finish_reason");
         *eog = fr != meta.end() && fr->is_object() &&
                cloud::string_field_or(*fr, "type", what, 64, "") == "stop";
-        return cloud::token_field(j, "output_ids", what, tok_.n_vocab(), n);
+        return cloud::token_field(j, "output_ids", what, edge_.vocab_size(), n);
       }
       case Dialect::LlamaCpp:
         *eog = cloud::string_field_or(j, "stop_type", what, 64, "") == "eos";
-        return cloud::token_field(j, "tokens", what, tok_.n_vocab(), n);
+        return cloud::token_field(j, "tokens", what, edge_.vocab_size(), n);
     }
     return {};
   }
@@ -260,7 +259,7 @@ class StatelessBackend : public CloudBackend {
     // A token's text is rarely over a few dozen bytes: this bounds the work of tokenizing.
     const size_t max_text = 256 * static_cast<size_t>(n) + 1024;
     std::vector<TokenId> ids =
-        tok_.encode(cloud::string_field(c, "text", what, max_text), false, false);
+        edge_.tokenize(cloud::string_field(c, "text", what, max_text), false, false);
     if (static_cast<int>(ids.size()) > n) ids.resize(n);  // a re-tokenization may split more
     return ids;
   }
@@ -283,11 +282,11 @@ class StatelessBackend : public CloudBackend {
       const char* first = s.data() + (prefixed ? 9 : 0);
       const auto [end, ec] = std::from_chars(first, s.data() + s.size(), id);
       if (!prefixed || ec != std::errc() || end != s.data() + s.size() || id < 0 ||
-          id >= tok_.n_vocab()) {
+          id >= edge_.vocab_size()) {
         throw cloud::malformed(what, "'" + field + "'[" + std::to_string(i) + "] is '" +
                                          cloud::excerpt(s, 40) +
                                          "', expected 'token_id:N' with N in [0, " +
-                                         std::to_string(tok_.n_vocab()) + ")");
+                                         std::to_string(edge_.vocab_size()) + ")");
       }
       ids.push_back(static_cast<TokenId>(id));
     }
@@ -306,7 +305,7 @@ class StatelessBackend : public CloudBackend {
   Dialect dialect_;
   CloudOptions options_;
   net::HttpClient http_;
-  const Tokenizer& tok_;
+  const Model& edge_;
   std::string model_name_;
   bool connected_ = false;
   CloudCounters counters_;

@@ -18,6 +18,7 @@
 
 #include "common/aligned_vector.h"
 #include "common/tensor_type.h"
+#include "tandem/vector_ops.h"  // LogitStats
 
 namespace tandem::kernels {
 
@@ -97,12 +98,8 @@ void softmax(float* x, int64_t n);
 // generated token by the server's log-probabilities and the router's signal).
 // The index of the first largest logit comes with them (argmax's answer), found in the same
 // read, so that greedy decoding with log-probabilities reads the row twice, not four times.
-struct LogitStats {
-  float max = 0;
-  double log_z = 0;
-  double entropy = 0;
-  int64_t argmax = 0;
-};
+// The struct is the public one (tandem/vector_ops.h), which hands these out unchanged.
+using LogitStats = tandem::LogitStats;
 LogitStats logit_stats(const float* x, int64_t n);
 // Index of the first largest of x[0..n) (greedy sampling over a vocabulary row); 0 for n <= 0.
 // For finite inputs and -inf; with NaNs, some index in range.

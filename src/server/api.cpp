@@ -12,49 +12,17 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "kernels/kernels.h"
 #include "server/api_internal.h"
 
 namespace tandem::server {
 
 // ---------------------------------------------------------------------------------------------
-// Log-probabilities. The one file of the server on the kernels' header (src/layers.txt lists it
-// as a known break) until logits maths has a public home in tandem/vector_ops.h (issue 23).
-
-LogitRow logit_row(std::span<const float> logits) {
-  const kernels::LogitStats st =
-      kernels::logit_stats(logits.data(), static_cast<int64_t>(logits.size()));
-  return {st.argmax, st.log_z};
-}
-
-// log Σ exp(logits), computed stably by the kernels' logit_stats (one read of the row).
-double log_normalizer(std::span<const float> logits) {
-  return logit_row(logits).log_z;
-}
+// Log-probabilities
 
 std::vector<TopEntry> top_n(std::span<const float> logits, int n, double log_z) {
   std::vector<TopEntry> out;
-  if (n <= 0 || logits.empty()) return out;
-  n = std::min<int>(n, static_cast<int>(logits.size()));
-  // One pass with the n best so far in a heap whose top is the worst of them (larger logit
-  // first, the lower id on ties): no 1 MiB index array and no sort of the vocabulary per row.
-  const auto better = [&](int a, int b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  std::vector<int> best;
-  best.reserve(static_cast<size_t>(n));
-  for (int i = 0; i < static_cast<int>(logits.size()); ++i) {
-    if (static_cast<int>(best.size()) < n) {
-      best.push_back(i);
-      std::push_heap(best.begin(), best.end(), better);
-    } else if (better(i, best.front())) {
-      std::pop_heap(best.begin(), best.end(), better);
-      best.back() = i;
-      std::push_heap(best.begin(), best.end(), better);
-    }
-  }
-  std::sort(best.begin(), best.end(), better);
-  for (int i : best) out.push_back({i, static_cast<float>(logits[i] - log_z)});
+  for (const TokenLogProb& t : tandem::top_n(logits, n, log_z))
+    out.push_back({t.id, static_cast<float>(t.log_prob)});
   return out;
 }
 

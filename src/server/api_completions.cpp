@@ -315,16 +315,16 @@ class CompletionJob : public Job {
   // Row `index` - 1 of the prompt: the distribution of prompt token `index`.
   void record_prompt_row(size_t index, std::span<const float> logits) {
     const TokenId next = req_.prompt[index];
-    const double log_z = log_normalizer(logits);
+    const double log_z = logit_stats(logits).log_z;
     prompt_lp_[index] =
         PromptLp{static_cast<float>(logits[next] - log_z), top_n(logits, req_.prompt_top_n, log_z)};
   }
 
   void generate(std::span<const float> logits) {
-    // Greedy with log-probabilities: argmax and log Z from one read of the row (logit_row).
+    // Greedy with log-probabilities: argmax and log Z from one read of the row (logit_stats).
     const bool want_log_z = req_.want_logprobs || req_.top_n > 0;
-    std::optional<LogitRow> stats;
-    if (want_log_z && sampler_.greedy()) stats = logit_row(logits);
+    std::optional<LogitStats> stats;
+    if (want_log_z && sampler_.greedy()) stats = logit_stats(logits);
     const TokenId t = stats ? static_cast<TokenId>(stats->argmax) : sampler_.sample(logits);
     if (tok_.is_eog(t) && !req_.ignore_eos) {
       finish_ = "stop";
@@ -332,7 +332,7 @@ class CompletionJob : public Job {
       return;
     }
     sampler_.accept(t);
-    const double log_z = !want_log_z ? 0 : stats ? stats->log_z : log_normalizer(logits);
+    const double log_z = !want_log_z ? 0 : stats ? stats->log_z : logit_stats(logits).log_z;
     generated_.push_back(t);
     gen_lp_.push_back(req_.want_logprobs ? static_cast<float>(logits[t] - log_z) : 0.f);
     gen_top_.push_back(top_n(logits, req_.top_n, log_z));

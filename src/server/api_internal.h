@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 #include "server/api.h"
+#include "tandem/vector_ops.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem::server {
@@ -58,21 +59,16 @@ const std::string& checked_text(const json& v, const std::string& name, size_t m
 Clock::time_point deadline_after(double seconds);
 
 // ---------------------------------------------------------------------------------------------
-// Log-probabilities (api.cpp)
+// Log-probabilities (api.cpp), from tandem/vector_ops.h: logit_stats gives the argmax and
+// log Z = log Σ exp(logits) of a row in one read of it.
 
+// A log-probability as the answers print it: rounded to f32 (JSON writes the shortest f32).
 struct TopEntry {
   TokenId id;
   float logprob;
 };
-
-// The argmax and log Z = log Σ exp(logits) of one logits row, from one read of it.
-struct LogitRow {
-  int64_t argmax = 0;
-  double log_z = 0;
-};
-LogitRow logit_row(std::span<const float> logits);
-double log_normalizer(std::span<const float> logits);  // log Z alone
-// The n largest logits as log-probabilities, best first (the lower id on ties).
+// The n largest logits as log-probabilities, best first (the lower id on ties): tandem::top_n
+// rounded for the answers.
 std::vector<TopEntry> top_n(std::span<const float> logits, int n, double log_z);
 json top_json(const std::vector<TopEntry>& top);  // [{"id", "logprob"}...]
 

@@ -100,7 +100,7 @@ class StepJob : public Job {
 
   void on_logits(size_t index, std::span<const float> logits) override {
     // One read of the row for argmax and log Z together (greedy), one more for the top-n.
-    const LogitRow st = logit_row(logits);
+    const LogitStats st = logit_stats(logits);
     if (req_.kind == StepKind::Generate) {
       const TokenId t =
           sampler_.greedy() ? static_cast<TokenId>(st.argmax) : sampler_.sample(logits);

@@ -6,14 +6,11 @@
 #include <string_view>
 #include <vector>
 
+#include "tandem/chat.h"  // ChatMessage
+
 namespace tandem {
 
 class GgufFile;
-
-struct ChatMessage {
-  std::string role;  // "system", "user", "assistant" (anything else is passed through)
-  std::string content;
-};
 
 enum class ChatTemplateKind { Gemma, ChatML, Llama3, Phi3 };
 

@@ -34,6 +34,13 @@ namespace {
 using namespace std::chrono_literals;
 using testing::testdata_path;
 
+// The test servers' certificates are self-signed.
+net::HttpOptions insecure_http() {
+  net::HttpOptions o;
+  o.insecure = true;
+  return o;
+}
+
 // Cloud and edge: two quantizations of one synthetic model (the same vocabulary).
 std::string cloud_model_path() {
   return testdata_path("models/synth-llama-Q8_0.gguf");
@@ -70,7 +77,7 @@ int free_port() {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << "a loopback port";
   socklen_t len = sizeof addr;
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
@@ -128,7 +135,7 @@ class ServeProcess {
 
  private:
   bool wait_healthy() {
-    net::HttpClient http(net::parse_url(url()), {.insecure = true});
+    net::HttpClient http(net::parse_url(url()), insecure_http());
     for (int i = 0; i < 300; ++i) {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -168,7 +175,7 @@ class BadCloud {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
     socklen_t len = sizeof addr;
     getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
     port_ = ntohs(addr.sin_port);
@@ -489,7 +496,7 @@ TEST_F(EdgeCloudTest, RouteSpanAndCloudModeEqualCloudGreedy) {
 
 // The server's open sessions (admin list): [{"session", "pos", ...}].
 nlohmann::json cloud_sessions(const std::string& url) {
-  net::HttpClient http(net::parse_url(url), {.insecure = true});
+  net::HttpClient http(net::parse_url(url), insecure_http());
   const auto res = http.request("GET", "/tandem/v1/sessions", "", 2000ms);
   return nlohmann::json::parse(res.body).at("sessions");
 }
@@ -1029,7 +1036,9 @@ TEST_F(EdgeCloudTest, StatelessApisOfTandemServe) {
       const EdgeResult r = edge.generate(prompt_, kN);
       EXPECT_EQ(r.stats.fallbacks, 0) << api << " " << edge_mode_name(mode);
       EXPECT_EQ(r.stats.tokens, kN) << api << " " << edge_mode_name(mode);
-      if (exact) EXPECT_EQ(r.ids, cloud_greedy_) << api << " " << edge_mode_name(mode);
+      if (exact) {
+        EXPECT_EQ(r.ids, cloud_greedy_) << api << " " << edge_mode_name(mode);
+      }
     }
   }
 }

@@ -30,7 +30,7 @@ pid_t spawn(const std::vector<std::string>& args) {
   const pid_t pid = fork();
   if (pid == 0) {
     std::vector<char*> argv;
-    for (auto a : args) argv.push_back(strdup(a.c_str()));
+    for (const auto& a : args) argv.push_back(strdup(a.c_str()));
     argv.push_back(nullptr);
     freopen("/dev/null", "w", stderr);
     execv(argv[0], argv.data());
@@ -146,7 +146,9 @@ TEST(EvalEndToEnd, LambadaCountsAnswerTokensAndPutsTheOracleBesideEachRow) {
       EXPECT_LE(l["generated"].get<int>(), 8) << "the cap";
       EXPECT_LE(l["cloud_tokens"].get<int>(), l["generated_cloud"].get<int>());
       EXPECT_LE(l["cloud_tokens"].get<int>(), l["tokens"].get<int>());
-      if (std::string(run) == "cloud") EXPECT_EQ(l["cloud_tokens"], l["tokens"]);
+      if (std::string(run) == "cloud") {
+        EXPECT_EQ(l["cloud_tokens"], l["tokens"]);
+      }
       EXPECT_EQ(l["correct"].get<bool>(), l["answer"] == l["gold"]) << l.dump();
     }
   }

@@ -441,7 +441,9 @@ TEST(Server, BadInputGets400NamingTheField) {
     EXPECT_EQ(r.status, k.status) << r.body;
     ASSERT_TRUE(r.j().contains("error")) << r.body;
     EXPECT_FALSE(r.j()["error"]["message"].get<std::string>().empty());
-    if (!k.field.empty()) EXPECT_EQ(r.j()["error"]["field"], k.field) << r.body;
+    if (!k.field.empty()) {
+      EXPECT_EQ(r.j()["error"]["field"], k.field) << r.body;
+    }
   }
   // A body over --max-body: 413 before any parsing.
   const HttpResult big = c.request("POST", step_path(s), std::string(8192, ' '));

@@ -60,7 +60,11 @@ std::string hex(std::string_view s) {
 
 std::string ids_str(const std::vector<TokenId>& ids) {
   std::string s;
-  for (TokenId id : ids) s += " " + std::to_string(id);
+  // Two appends, not " " + to_string: GCC 12 warns (-Wrestrict) on the inlined temporary.
+  for (TokenId id : ids) {
+    s += ' ';
+    s += std::to_string(id);
+  }
   return s;
 }
 

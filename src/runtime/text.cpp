@@ -1,0 +1,62 @@
+// The public text API of a Model and TextStream (tandem/engine.h) over the internal tokenizer
+// and chat templates.
+#include "gguf/gguf.h"
+#include "tandem/engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem {
+
+int Model::vocab_size() const {
+  return tokenizer_->n_vocab();
+}
+
+std::vector<TokenId> Model::tokenize(std::string_view text, bool add_special,
+                                     bool parse_special) const {
+  return tokenizer_->encode(text, add_special, parse_special);
+}
+
+std::string Model::detokenize(std::span<const TokenId> ids, bool remove_special,
+                              bool unparse_special) const {
+  return tokenizer_->decode(ids, remove_special, unparse_special);
+}
+
+std::string Model::token_piece(TokenId id, bool special) const {
+  return tokenizer_->token_to_piece(id, special);
+}
+
+bool Model::is_end_of_generation(TokenId id) const {
+  return tokenizer_->is_eog(id);
+}
+
+TokenId Model::bos() const {
+  return tokenizer_->bos();
+}
+
+TokenId Model::eos() const {
+  return tokenizer_->eos();
+}
+
+bool Model::adds_bos() const {
+  return tokenizer_->add_bos();
+}
+
+std::string Model::chat_prompt(const std::vector<ChatMessage>& messages,
+                               bool add_generation_prompt) const {
+  return apply_chat_template(*file_, messages, add_generation_prompt);
+}
+
+TextStream::TextStream(const Model& model, bool special)
+    : decoder_(std::make_unique<StreamDecoder>(model.tokenizer(), special)) {}
+
+TextStream::~TextStream() = default;
+
+std::string TextStream::push(TokenId id) {
+  return decoder_->push(id);
+}
+
+std::string TextStream::flush() {
+  return decoder_->flush();
+}
+
+}  // namespace tandem
