@@ -73,7 +73,8 @@ for stage in "${STAGES[@]}"; do
       "$TANDEM" eval --task lambada -m "$EDGE" --cloud "$URL" --items 2576-5152 \
         --modes local,cloud,route,speculative --rates "$RATES" \
         --policy confidence,entropy,margin \
-        --router "$OUT/lambada-fixes.gguf@$LAMBADA_ROUTER_RATES" --router "$OUT/wikitext-fixes.gguf" \
+        --router "$OUT/lambada-fixes.gguf@$LAMBADA_ROUTER_RATES" \
+        --router "$OUT/wikitext-fixes.gguf@0.01,0.02,0.07,0.2" \
         --target-gain 0.2 --draft 4 --no-sync-ahead -t "$T" --out "$OUT/lambada-heldout"
       ;;
     tasks)
