@@ -16,7 +16,7 @@ namespace {
 // The input's first two lines as Host and Origin of a POST (the same bytes the parser sees).
 void check_refusal(std::string_view data) {
   static const std::vector<std::string> hosts = tandem::ui::allowed_hosts(8090);
-  tandem::server::HttpRequest request;
+  tandem::net::HttpRequest request;
   request.method = "POST";
   const size_t first = std::min(data.find('\n'), data.size());
   const std::string_view rest = data.substr(std::min(first + 1, data.size()));

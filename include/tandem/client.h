@@ -19,7 +19,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -193,6 +195,9 @@ struct EdgeToken {
   // (the first token of a route event, a speculative correction); -1 when unknown.
   TokenId edge_top1 = -1;
   bool fallback = false;  // decided locally because the cloud failed or was backing off
+  // Route mode: the router's threshold the token's decision was taken against (the router's
+  // before that decision; every token of a route span shares it). NaN in the other modes.
+  double threshold = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct EdgeResult {
@@ -203,6 +208,15 @@ struct EdgeResult {
   StopReason stop = StopReason::Length;
   EdgeStats stats;  // this call's
 };
+
+// How an answer ended, as `tandem run --json` and the browser view say it: length, eog,
+// context_full, stopped.
+std::string stop_reason_name(StopReason stop);
+
+// EdgeStats as the JSON object `tandem run --json` prints under "stats" (docs/client.md, the
+// --json contract) and the browser view sends with its "done" event. A JSON value rather than
+// text because both put it inside JSON of their own.
+nlohmann::json edge_stats_json(const EdgeStats& stats);
 
 // Called per produced token with its text piece (may be empty while a UTF-8 character is
 // incomplete); return false to stop.
@@ -231,12 +245,13 @@ class EdgeDecoder {
 
   const std::vector<TokenId>& history() const { return history_; }
   const EdgeOptions& options() const { return options_; }
-  Router& router() { return router_; }
 
  private:
   void ensure_local_logits();
   TokenId sample_local();
-  float route_score(bool* cloud);
+  // The router's decision at the current position: its score; *cloud and *threshold (what the
+  // score was compared with) are set.
+  float route_score(bool* cloud, double* threshold);
 
   const Model& model_;
   EdgeOptions options_;

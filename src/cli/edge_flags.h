@@ -5,7 +5,6 @@
 
 #include <CLI/CLI.hpp>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -38,12 +37,5 @@ struct EdgeFlags {
   // The cloud backend for --cloud (null in local mode); throws tandem::Error for a bad URL.
   std::unique_ptr<CloudBackend> make_backend(const Model& edge_model) const;
 };
-
-// How an answer ended, as --json and the UI say it: length, eog, context_full, stopped.
-std::string stop_reason_name(StopReason stop);
-
-// EdgeStats as the JSON object `tandem run --json` prints under "stats" (docs/client.md, the --json
-// contract).
-nlohmann::json edge_stats_json(const EdgeStats& stats);
 
 }  // namespace tandem::cli

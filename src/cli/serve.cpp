@@ -11,12 +11,12 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "tandem/error.h"
 #include "server/api.h"
-#include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "tandem/engine.h"
+#include "tandem/error.h"
+#include "tandem/http_server.h"
 
 namespace tandem::cli {
 namespace {
@@ -187,7 +187,7 @@ class ServeCommand : public Command {
     }
 
     std::atomic<Api*> api{nullptr};
-    HttpServer server(
+    net::HttpServer server(
         io, http_,
         [&](const HttpRequest& req, std::shared_ptr<Responder> res) {
           if (Api* a = api.load()) return a->handle(req, std::move(res));
@@ -311,7 +311,7 @@ class ServeCommand : public Command {
   }
 
   std::string model_, api_key_, api_key_file_, admin_key_, ssl_cert_, ssl_key_;
-  HttpServerOptions http_;
+  net::HttpServerOptions http_;
   SchedulerOptions sched_;
   ApiOptions api_;
   int http_threads_ = 2;

@@ -11,9 +11,9 @@
 
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
-#include "server/http_server.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
+#include "tandem/http_server.h"
 #include "ui/ui_server.h"
 
 namespace tandem::cli {
@@ -78,10 +78,10 @@ class UiCommand : public Command {
       if (flags.cloud.url.empty()) return nullptr;
       return make_cloud_backend(flags.cloud, small);
     });
-    server::HttpServer http(
-        io, http_, [&ui](const server::HttpRequest& req, std::shared_ptr<server::Responder> res) {
-          ui.handle(req, std::move(res));
-        });
+    net::HttpServer http(io, http_,
+                         [&ui](const net::HttpRequest& req, std::shared_ptr<net::Responder> res) {
+                           ui.handle(req, std::move(res));
+                         });
     http.start();
     ui.set_address(http_.host, http.port());  // the Host/Origin allowlist needs the bound port
     std::fprintf(stderr, "tandem ui: open http://%s:%d/ (edge %s, cloud %s)\n", http_.host.c_str(),
@@ -104,7 +104,7 @@ class UiCommand : public Command {
 
  private:
   EdgeFlags edge_;
-  server::HttpServerOptions http_;
+  net::HttpServerOptions http_;
   ui::UiLimits limits_;
 };
 

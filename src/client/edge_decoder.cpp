@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "client/cloud_link.h"
 #include "common/error.h"
@@ -135,12 +136,13 @@ TokenId EdgeDecoder::sample_local() {
   return t;
 }
 
-float EdgeDecoder::route_score(bool* cloud) {
+float EdgeDecoder::route_score(bool* cloud, double* threshold) {
   ensure_local_logits();
   const auto t0 = Clock::now();
   RouterSignal s =
       router_signal_from_logits(logits_, static_cast<int>(history_.size()), options_.top_k_signal);
   if (options_.signal_hidden) s.hidden = hidden_;
+  *threshold = router_.threshold();  // before decide(): a target-rate controller moves it there
   const RouteDecision d = router_.decide(s);
   local_ms_ += ms_since(t0);
   *cloud = d.cloud;
@@ -183,6 +185,9 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
   TextStream stream(model_);
   bool stopped = false;
   int cloud_warned = 0;
+  // The threshold the current route decision was taken against; every token it produces carries
+  // it (EdgeToken::threshold). Stays NaN outside route mode.
+  double decided_threshold = std::numeric_limits<double>::quiet_NaN();
 
   // Appends one produced token; false when generation ends here.
   auto emit = [&](TokenId id, TokenSource source, float score, TokenId edge_top1 = -1,
@@ -200,7 +205,8 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
     if (source == TokenSource::Cloud) ++st.cloud_tokens;
     const std::string piece = stream.push(id);
     res.text += piece;
-    if (on_token && !on_token(EdgeToken{id, source, score, edge_top1, fallback}, piece)) {
+    if (on_token &&
+        !on_token(EdgeToken{id, source, score, edge_top1, fallback, decided_threshold}, piece)) {
       res.stop = StopReason::Callback;
       return false;
     }
@@ -272,7 +278,7 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
       }
       case EdgeMode::Route: {
         bool to_cloud = false;
-        const float score = route_score(&to_cloud);
+        const float score = route_score(&to_cloud, &decided_threshold);
         if (to_cloud) {
           std::optional<CloudStepResult> r;
           const TokenId edge_guess = argmax(logits_);  // route_score left the logits current

@@ -8,11 +8,16 @@
 #include <string>
 
 #include "server/auth.h"
-#include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
+#include "tandem/http_server.h"
 
 namespace tandem::server {
+
+// The HTTP server (src/net) the API answers on, by the names the API's files use.
+using net::HeaderList;
+using net::HttpRequest;
+using net::Responder;
 
 struct ApiOptions {
   // Who may call (docs/server.md, "Keys and sessions"). Empty: no auth, every caller is one

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/http_server.h"
+
 namespace tandem::server {
 
 class Histogram {
@@ -27,7 +29,9 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
-class Metrics {
+// The connection counters (refusals, deadlines, drops, the open-connection gauge) come from
+// net::ConnectionCounters, which the HTTP server updates; the rest is the model's work.
+class Metrics : public net::ConnectionCounters {
  public:
   Metrics();
 
@@ -41,20 +45,10 @@ class Metrics {
   std::atomic<uint64_t> rejected_overload{0};  // 429/503 answers for lack of queue or memory
   std::atomic<uint64_t> cancelled_jobs{0};     // jobs dropped, queued or running: client gone
   std::atomic<uint64_t> drain_failed_jobs{0};  // jobs answered 503 when --drain-timeout passed
-  // Connections: refusals (--max-connections, --max-connections-per-ip), deadlines passed
-  // (headers, body), clients dropped for not reading (write queue cap, write timeout), and
-  // clients that hung up while their request was being answered.
-  std::atomic<uint64_t> refused_connections_total{0};
-  std::atomic<uint64_t> refused_connections_per_ip{0};
-  std::atomic<uint64_t> header_timeouts{0};
-  std::atomic<uint64_t> body_timeouts{0};
-  std::atomic<uint64_t> slow_clients_dropped{0};
-  std::atomic<uint64_t> client_disconnects{0};
   std::atomic<int64_t> sessions_open{0};
   std::atomic<int64_t> kv_bytes_in_use{0};
   std::atomic<int64_t> queue_length{0};
   std::atomic<int64_t> sse_clients{0};
-  std::atomic<int64_t> connections{0};
   Histogram batch_tokens;     // tokens per decode batch
   Histogram batch_jobs;       // jobs per decode batch
   Histogram queue_depth;      // jobs waiting or running, sampled per batch

@@ -8,17 +8,15 @@
 
 #include <boost/asio/ip/address.hpp>
 
-#include "cli/edge_flags.h"
-#include "tandem/error.h"
 #include "common/json_guard.h"
-#include "tokenizer/tokenizer.h"
+#include "tandem/error.h"
 #include "ui/assets.h"
 
 namespace tandem::ui {
 
+using net::HttpRequest;
+using net::Responder;
 using nlohmann::json;
-using server::HttpRequest;
-using server::Responder;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -29,7 +27,7 @@ std::string dump(const json& j) {
 }
 
 void send_json(Responder& responder, int status, const json& body,
-               const server::HeaderList& headers = {}) {
+               const net::HeaderList& headers = {}) {
   responder.send(status, "application/json", dump(body), headers);
 }
 
@@ -114,11 +112,11 @@ class SecureResponder : public Responder {
  public:
   explicit SecureResponder(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
   void send(int status, const std::string& content_type, std::string body,
-            const server::HeaderList& headers) override {
+            const net::HeaderList& headers) override {
     inner_->send(status, content_type, std::move(body), with_security(headers));
   }
   void start_stream(int status, const std::string& content_type,
-                    const server::HeaderList& headers) override {
+                    const net::HeaderList& headers) override {
     inner_->start_stream(status, content_type, with_security(headers));
   }
   bool write(std::string chunk) override { return inner_->write(std::move(chunk)); }
@@ -126,8 +124,8 @@ class SecureResponder : public Responder {
   bool alive() const override { return inner_->alive(); }
 
  private:
-  static server::HeaderList with_security(const server::HeaderList& headers) {
-    server::HeaderList all = security_headers();
+  static net::HeaderList with_security(const net::HeaderList& headers) {
+    net::HeaderList all = security_headers();
     all.insert(all.end(), headers.begin(), headers.end());
     return all;
   }
@@ -153,7 +151,7 @@ std::vector<std::string> allowed_hosts(int port, const std::string& bind_host) {
   return hosts;
 }
 
-std::string request_refusal(const server::HttpRequest& request,
+std::string request_refusal(const net::HttpRequest& request,
                             const std::vector<std::string>& hosts) {
   const std::string host = request.header("host");
   if (!listed(hosts, host)) {
@@ -178,8 +176,8 @@ std::string request_refusal(const server::HttpRequest& request,
   return "";
 }
 
-const server::HeaderList& security_headers() {
-  static const server::HeaderList headers = {
+const net::HeaderList& security_headers() {
+  static const net::HeaderList headers = {
       {"Content-Security-Policy",
        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
@@ -532,7 +530,6 @@ std::string UiServer::prepare_decoder(const GenerateRequest& r) {
 
 void UiServer::run_turn(Turn& turn) {
   const GenerateRequest& r = turn.request;
-  const Tokenizer& tok = model_.tokenizer();
   const std::string cloud_line = prepare_decoder(r);
 
   // A continued turn appends the new text to the whole conversation so far (the cloud session
@@ -540,10 +537,10 @@ void UiServer::run_turn(Turn& turn) {
   std::vector<TokenId> context;
   if (r.continue_conversation && !conversation_.empty()) {
     context = conversation_;
-    const auto more = tok.encode(r.prompt, false, false);
+    const auto more = model_.tokenize(r.prompt, false, false);
     context.insert(context.end(), more.begin(), more.end());
   } else {
-    context = tok.encode(r.prompt, true, false);
+    context = model_.tokenize(r.prompt, true, false);
   }
   publish(turn,
           {{"type", "start"},
@@ -566,9 +563,6 @@ void UiServer::run_turn(Turn& turn) {
   double ms_by_source[2] = {0, 0};
   auto last = Clock::now();
   const bool routed = r.mode == EdgeMode::Route;
-  // The threshold a token was decided against: the router's state before its decision, which
-  // is the state after the previous token (nothing moves the router in between).
-  double threshold_before = decoder_->router().threshold();
   auto on_token = [&](const EdgeToken& t, std::string_view piece) {
     const auto now = Clock::now();
     const double ms = std::chrono::duration<double, std::milli>(now - last).count();
@@ -594,11 +588,10 @@ void UiServer::run_turn(Turn& turn) {
               {"cloud_ms", ms_by_source[1]}};
     if (routed) {
       e["score"] = t.score;
-      e["threshold"] = std::isfinite(threshold_before) ? json(threshold_before) : json(nullptr);
-      threshold_before = decoder_->router().threshold();
+      e["threshold"] = std::isfinite(t.threshold) ? json(t.threshold) : json(nullptr);
     }
     if (t.edge_top1 >= 0) {
-      e["edge_top1"] = {{"id", t.edge_top1}, {"text", tok.token_to_piece(t.edge_top1)}};
+      e["edge_top1"] = {{"id", t.edge_top1}, {"text", model_.token_piece(t.edge_top1)}};
     }
     publish(turn, std::move(e));
     return !stop_requested_.load();
@@ -606,9 +599,9 @@ void UiServer::run_turn(Turn& turn) {
   const EdgeResult result = decoder_->generate(context, r.n_predict, on_token);
   conversation_ = decoder_->history();
 
-  json stats = cli::edge_stats_json(result.stats);
+  json stats = edge_stats_json(result.stats);
   publish(turn, {{"type", "done"},
-                 {"stop", cli::stop_reason_name(result.stop)},
+                 {"stop", stop_reason_name(result.stop)},
                  {"text", result.text},
                  {"stats", stats},
                  {"cloud_unavailable", r.mode != EdgeMode::Local && (result.stats.fallbacks > 0 ||

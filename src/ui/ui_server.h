@@ -34,9 +34,9 @@
 #include <thread>
 #include <vector>
 
-#include "server/http_server.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
+#include "tandem/http_server.h"
 
 namespace tandem::ui {
 
@@ -88,13 +88,12 @@ std::vector<std::string> allowed_hosts(int port, const std::string& bind_host = 
 // - an Origin, when sent, must be "http://" + one of `hosts`;
 // - a POST must send such an Origin (browsers always do) and Content-Type: application/json
 //   (a JSON POST makes a browser ask first, with a CORS preflight this server never allows).
-std::string request_refusal(const server::HttpRequest& request,
-                            const std::vector<std::string>& hosts);
+std::string request_refusal(const net::HttpRequest& request, const std::vector<std::string>& hosts);
 
 // The headers every answer carries: a Content-Security-Policy that allows only the page's own
 // files (no inline script or style, no frames, no plugins, no <base>), X-Frame-Options: DENY,
 // X-Content-Type-Options: nosniff and Referrer-Policy: no-referrer.
-const server::HeaderList& security_headers();
+const net::HeaderList& security_headers();
 
 // One server-sent event: "id: ID\nevent: TYPE\ndata: JSON\n\n".
 std::string sse_event(std::string_view type, uint64_t id, const nlohmann::json& data);
@@ -124,24 +123,23 @@ class UiServer {
   // options' bind_host and port are used.
   void set_address(const std::string& bind_host, int port);
 
-  void handle(const server::HttpRequest& request, std::shared_ptr<server::Responder> responder);
+  void handle(const net::HttpRequest& request, std::shared_ptr<net::Responder> responder);
 
  private:
-  void route(const server::HttpRequest& request,
-             const std::shared_ptr<server::Responder>& responder);
+  void route(const net::HttpRequest& request, const std::shared_ptr<net::Responder>& responder);
   struct Turn {
     uint64_t id = 0;
     GenerateRequest request;
     std::vector<nlohmann::json> events;  // each {"type", ...}; the last of a finished turn is
                                          // "done" or "error"
     bool finished = false;
-    std::vector<std::shared_ptr<server::Responder>> streams;
+    std::vector<std::shared_ptr<net::Responder>> streams;
   };
 
-  void serve_asset(const server::HttpRequest& request, server::Responder& responder) const;
-  void start_turn(const server::HttpRequest& request,
-                  const std::shared_ptr<server::Responder>& responder);
-  void attach(uint64_t turn_id, size_t after, const std::shared_ptr<server::Responder>& responder);
+  void serve_asset(const net::HttpRequest& request, net::Responder& responder) const;
+  void start_turn(const net::HttpRequest& request,
+                  const std::shared_ptr<net::Responder>& responder);
+  void attach(uint64_t turn_id, size_t after, const std::shared_ptr<net::Responder>& responder);
   nlohmann::json info() const;
   nlohmann::json turns_json() const;
 

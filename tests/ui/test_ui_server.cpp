@@ -136,7 +136,7 @@ TEST(UiHosts, LoopbackNamesWithThePort) {
 
 TEST(UiHosts, RefusalNamesTheHeader) {
   const auto hosts = allowed_hosts(8090);
-  server::HttpRequest r;
+  net::HttpRequest r;
   r.method = "GET";
   r.headers["host"] = "LocalHost:8090";
   EXPECT_EQ(request_refusal(r, hosts), "");
@@ -172,10 +172,10 @@ TEST(UiAssets, PageIsEmbedded) {
 // ---- the handler ----
 
 // Records what the handler answers; write() can be held closed to keep a turn running.
-class RecordingResponder : public server::Responder {
+class RecordingResponder : public net::Responder {
  public:
   void send(int status, const std::string& type, std::string body,
-            const server::HeaderList&) override {
+            const net::HeaderList&) override {
     std::lock_guard lock(mutex_);
     status_ = status;
     content_type_ = type;
@@ -183,7 +183,7 @@ class RecordingResponder : public server::Responder {
     finished_ = true;
     changed_.notify_all();
   }
-  void start_stream(int status, const std::string& type, const server::HeaderList&) override {
+  void start_stream(int status, const std::string& type, const net::HeaderList&) override {
     std::lock_guard lock(mutex_);
     status_ = status;
     content_type_ = type;
@@ -249,9 +249,9 @@ class RecordingResponder : public server::Responder {
   bool open_ = true;
 };
 
-server::HttpRequest request(const std::string& method, const std::string& target,
-                            const std::string& body = "") {
-  server::HttpRequest r;
+net::HttpRequest request(const std::string& method, const std::string& target,
+                         const std::string& body = "") {
+  net::HttpRequest r;
   r.method = method;
   const size_t q = target.find('?');
   r.path = target.substr(0, q);
@@ -346,7 +346,7 @@ TEST_F(UiServerTest, BadRequestIs400NamingTheField) {
 TEST_F(UiServerTest, PostsFromOtherSitesAreRefused) {
   auto ui = make_server();
   auto post = [&](const std::string& content_type, const std::string& origin) {
-    server::HttpRequest req = request("POST", "/api/stop", "{}");
+    net::HttpRequest req = request("POST", "/api/stop", "{}");
     req.headers["content-type"] = content_type;
     req.headers.erase("origin");
     if (!origin.empty()) req.headers["origin"] = origin;
@@ -565,13 +565,13 @@ class UiSocketTest : public UiServerTest {
  protected:
   void SetUp() override {
     ui_ = make_server();
-    server::HttpServerOptions o;
+    net::HttpServerOptions o;
     o.host = "127.0.0.1";
     o.port = 0;
     o.max_body_bytes = 64 * 1024;                   // as tandem ui sets it
     o.own_answer_headers = ui::security_headers();  // likewise
-    http_ = std::make_unique<server::HttpServer>(
-        io_, o, [this](const server::HttpRequest& req, std::shared_ptr<server::Responder> res) {
+    http_ = std::make_unique<net::HttpServer>(
+        io_, o, [this](const net::HttpRequest& req, std::shared_ptr<net::Responder> res) {
           ui_->handle(req, std::move(res));
         });
     http_->start();
@@ -619,7 +619,7 @@ class UiSocketTest : public UiServerTest {
 
   boost::asio::io_context io_;
   std::unique_ptr<UiServer> ui_;
-  std::unique_ptr<server::HttpServer> http_;
+  std::unique_ptr<net::HttpServer> http_;
   std::vector<std::thread> threads_;
   int port_ = 0;
 };

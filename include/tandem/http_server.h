@@ -4,6 +4,9 @@
 // The handler runs on an I/O thread and answers through a Responder, now or later from any thread
 // (the model's engine thread answers when a job is done). A Responder can send one whole
 // response, or open a chunked stream (server-sent events) and write pieces as they come.
+//
+// Implemented in src/net (tandem_net). Public because both the cloud server (`tandem serve`) and
+// the browser view (`tandem ui`, which includes only include/tandem/) stand on it.
 #pragma once
 
 #include <atomic>
@@ -21,7 +24,7 @@ class context;
 }
 }  // namespace boost::asio
 
-namespace tandem::server {
+namespace tandem::net {
 
 struct HttpRequest {
   std::string method;                          // "GET", "POST", ...
@@ -80,13 +83,26 @@ struct HttpServerOptions {
 
 using HttpHandler = std::function<void(const HttpRequest&, std::shared_ptr<Responder>)>;
 
-class Metrics;
+// What the server counts about its connections: the gauge of open ones, the refusals
+// (max_connections, max_connections_per_ip), the deadlines passed (headers, body), the clients
+// dropped for not reading (write queue cap, write timeout) and those that hung up while their
+// request was being answered. Updated from the I/O threads; the cloud server's Prometheus metrics
+// (server::Metrics) are built on it.
+struct ConnectionCounters {
+  std::atomic<uint64_t> refused_connections_total{0};
+  std::atomic<uint64_t> refused_connections_per_ip{0};
+  std::atomic<uint64_t> header_timeouts{0};
+  std::atomic<uint64_t> body_timeouts{0};
+  std::atomic<uint64_t> slow_clients_dropped{0};
+  std::atomic<uint64_t> client_disconnects{0};
+  std::atomic<int64_t> connections{0};
+};
 
 class HttpServer {
  public:
-  // `metrics` (optional) gets the connection gauge and the refusals, timeouts and drops.
+  // `counters` (optional) gets the connection gauge and the refusals, timeouts and drops.
   HttpServer(boost::asio::io_context& io, const HttpServerOptions& options, HttpHandler handler,
-             Metrics* metrics = nullptr);
+             ConnectionCounters* counters = nullptr);
   ~HttpServer();
   // Binds and listens; throws tandem::Error naming the address when it cannot.
   void start();
@@ -105,4 +121,4 @@ class HttpServer {
 // Reason phrase and status line helpers shared by handlers.
 const char* status_reason(int status);
 
-}  // namespace tandem::server
+}  // namespace tandem::net

@@ -1,4 +1,4 @@
-#include "server/http_server.h"
+#include "tandem/http_server.h"
 
 // <utility> first: Boost 1.74's asio/awaitable.hpp uses std::exchange without including it.
 #include <optional>
@@ -19,10 +19,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "common/error.h"
-#include "server/metrics.h"
+#include "tandem/error.h"
 
-namespace tandem::server {
+namespace tandem::net {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -123,15 +122,15 @@ class AddressTable {
 // What every connection of one server shares. Connections hold it by shared_ptr, so it outlives
 // the HttpServer when a connection's last handler runs late.
 struct Shared {
-  Shared(const HttpServerOptions& o, HttpHandler h, Metrics* m)
-      : options(o), handler(std::move(h)), metrics(m), addresses(o.max_connections_per_ip) {}
-  void count(std::atomic<uint64_t> Metrics::*counter) {
-    if (metrics) ++(metrics->*counter);
+  Shared(const HttpServerOptions& o, HttpHandler h, ConnectionCounters* m)
+      : options(o), handler(std::move(h)), counters(m), addresses(o.max_connections_per_ip) {}
+  void count(std::atomic<uint64_t> ConnectionCounters::*counter) {
+    if (counters) ++(counters->*counter);
   }
 
   const HttpServerOptions options;
   const HttpHandler handler;
-  Metrics* const metrics;
+  ConnectionCounters* const counters;
   AddressTable addresses;
   std::atomic<int64_t> open{0};      // connections
   std::atomic<int64_t> busy{0};      // connections with a request being answered
@@ -174,7 +173,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     set_busy(false);
     shared_->addresses.release(address_);
     --shared_->open;
-    if (shared_->metrics) --shared_->metrics->connections;
+    if (shared_->counters) --shared_->counters->connections;
   }
 
   void start() {
@@ -186,7 +185,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
       stream_.async_handshake(asio::ssl::stream_base::server,
                               [self = this->shared_from_this()](beast::error_code ec) {
                                 if (ec == beast::error::timeout)
-                                  self->shared_->count(&Metrics::header_timeouts);
+                                  self->shared_->count(&ConnectionCounters::header_timeouts);
                                 if (ec) return self->close();
                                 self->read_request();
                               });
@@ -206,7 +205,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     if (before == 0 || before + n <= options_.max_write_queue_bytes) return true;
     if (!dropped_.exchange(true)) {
       asio::post(executor(), [self = this->shared_from_this()] {
-        self->shared_->count(&Metrics::slow_clients_dropped);
+        self->shared_->count(&ConnectionCounters::slow_clients_dropped);
         self->close();
       });
     }
@@ -255,17 +254,17 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   }
 
   void on_header(beast::error_code ec) {
-    if (ec) return on_read_error(ec, &Metrics::header_timeouts);
+    if (ec) return on_read_error(ec, &ConnectionCounters::header_timeouts);
     if (parser_->is_done()) return on_read();
     lowest().expires_after(seconds(options_.body_timeout_s));
     http::async_read(stream_, buffer_, *parser_,
                      [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                       if (ec) return self->on_read_error(ec, &Metrics::body_timeouts);
+                       if (ec) return self->on_read_error(ec, &ConnectionCounters::body_timeouts);
                        self->on_read();
                      });
   }
 
-  void on_read_error(beast::error_code ec, std::atomic<uint64_t> Metrics::*timeouts) {
+  void on_read_error(beast::error_code ec, std::atomic<uint64_t> ConnectionCounters::*timeouts) {
     if (ec == http::error::body_limit) {
       keep_alive_ = false;
       respond_now(413,
@@ -340,7 +339,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     if (!busy_ || closed_) return;
     switch (peer_state(lowest().socket().native_handle())) {
       case Peer::Gone:
-        shared_->count(&Metrics::client_disconnects);
+        shared_->count(&ConnectionCounters::client_disconnects);
         return close();
       case Peer::Quiet:
         return watch_client();
@@ -376,7 +375,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
       queue_.clear();
       return;
     }
-    if (ec == beast::error::timeout) shared_->count(&Metrics::slow_clients_dropped);
+    if (ec == beast::error::timeout) shared_->count(&ConnectionCounters::slow_clients_dropped);
     if (ec) return close();
     const bool last = queue_.front().last;
     queued_bytes_ -= queue_.front().bytes.size();
@@ -490,7 +489,7 @@ void refuse(tcp::socket& socket, const std::string& message) {
 }  // namespace
 
 struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
-  Impl(asio::io_context& io, const HttpServerOptions& o, HttpHandler h, Metrics* m)
+  Impl(asio::io_context& io, const HttpServerOptions& o, HttpHandler h, ConnectionCounters* m)
       : io(io),
         options(o),
         shared(std::make_shared<Shared>(o, std::move(h), m)),
@@ -508,7 +507,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
 
   void on_accept(tcp::socket socket) {
     if (shared->open >= options.max_connections) {
-      shared->count(&Metrics::refused_connections_total);
+      shared->count(&ConnectionCounters::refused_connections_total);
       return refuse(socket, "too many open connections");
     }
     beast::error_code ec;
@@ -516,12 +515,12 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
     if (ec) return;  // already gone
     std::string address = AddressTable::key_of(peer);
     if (!shared->addresses.try_acquire(address)) {
-      shared->count(&Metrics::refused_connections_per_ip);
+      shared->count(&ConnectionCounters::refused_connections_per_ip);
       return refuse(socket, "too many open connections from this address (the cap is " +
                                 std::to_string(options.max_connections_per_ip) + ")");
     }
     ++shared->open;
-    if (shared->metrics) ++shared->metrics->connections;
+    if (shared->counters) ++shared->counters->connections;
     socket.set_option(tcp::no_delay(true), ec);
     if (options.ssl) {
       using S = beast::ssl_stream<beast::tcp_stream>;
@@ -542,8 +541,8 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
 };
 
 HttpServer::HttpServer(asio::io_context& io, const HttpServerOptions& options, HttpHandler handler,
-                       Metrics* metrics)
-    : impl_(std::make_shared<Impl>(io, options, std::move(handler), metrics)) {}
+                       ConnectionCounters* counters)
+    : impl_(std::make_shared<Impl>(io, options, std::move(handler), counters)) {}
 
 HttpServer::~HttpServer() {
   stop_accepting();
@@ -589,4 +588,4 @@ bool HttpServer::finish_answers(double timeout_s) {
   return true;
 }
 
-}  // namespace tandem::server
+}  // namespace tandem::net
