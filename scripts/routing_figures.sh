@@ -74,7 +74,7 @@ for stage in "${STAGES[@]}"; do
         --modes local,cloud,route,speculative --rates "$RATES" \
         --policy confidence,entropy,margin \
         --router "$OUT/lambada-fixes.gguf@$LAMBADA_ROUTER_RATES" \
-        --router "$OUT/wikitext-fixes.gguf@0.01,0.02,0.07,0.2" \
+        --router "$OUT/wikitext-fixes.gguf@0.01,0.02,0.07" \
         --target-gain 0.2 --draft 4 --no-sync-ahead -t "$T" --out "$OUT/lambada-heldout"
       ;;
     tasks)
