@@ -42,6 +42,7 @@ start_cloud "$TANDEM" "$CLOUD" "$T" "$OUT/serve.log"
 RATES=0.01,0.02,0.05,0.07,0.1,0.2
 LAMBADA_ROUTER_RATES=0.0055,0.011,0.027,0.038,0.054,0.109
 
+set -x  # each command, with every setting, on stderr
 for stage in "${STAGES[@]}"; do
   case $stage in
     all)
