@@ -17,6 +17,7 @@
 #include "tandem/client.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
+#include "tandem/vector_ops.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
@@ -264,7 +265,7 @@ class RouterCollect {
         r.position = i;
         r.true_token = chunk[i + 1];
         r.edge_top1 = argmax(logits);
-        const double lse = log_normalizer(logits);
+        const double lse = log_sum_exp(logits);
         r.edge_lp_true = static_cast<float>(logits[chunk[i + 1]] - lse);
         const RouterSignal s = router_signal_from_logits(logits, i, top_k_);
         r.entropy = s.entropy;
@@ -314,7 +315,7 @@ class RouterCollect {
                        [&](int i, std::span<const float> logits, std::span<const float>) {
                          router::TraceRecord& r = seq.records[i - first];
                          const float* le = edge_logp.data() + (i - first - first_record) * V;
-                         const double lse = log_normalizer(logits);
+                         const double lse = log_sum_exp(logits);
                          r.cloud_top1 = argmax(logits);
                          r.cloud_lp_edge = static_cast<float>(logits[r.edge_top1] - lse);
                          r.cloud_lp_true = static_cast<float>(logits[chunk[i + 1]] - lse);

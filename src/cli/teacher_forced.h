@@ -22,12 +22,6 @@ class HttpClient;
 
 namespace tandem::cli {
 
-// router_cmd.cpp's name for tandem::log_sum_exp (argmax and log_prob are tandem's, from
-// tandem/vector_ops.h), until it calls that one.
-inline double log_normalizer(std::span<const float> logits) {
-  return log_sum_exp(logits);
-}
-
 // WikiText-2 test (data_dir/wikitext-2/test.txt) as one token stream, no BOS.
 // `split`: "test" (the file scored by eval and perplexity) or "valid" (for training routers:
 // no article in common with test).
