@@ -550,7 +550,14 @@ TEST_F(EdgeCloudTest, SyncAheadLeavesLittleToPrefillOnRoute) {
     o.sync_ahead = sync_ahead;
     EdgeDecoder edge(*edge_model_, o, backend(serve.url()));
     edge.start();
-    const EdgeResult r = edge.generate(prompt_, kN);
+    // The tiny edge model decodes a token in well under a millisecond, faster than a push
+    // reaches the server, so on a loaded machine no push might land before the next route.
+    // A real device spends tens of milliseconds a token; 15 ms here gives the pushes the time
+    // they have in practice.
+    const EdgeResult r = edge.generate(prompt_, kN, [](const EdgeToken&, std::string_view) {
+      std::this_thread::sleep_for(15ms);
+      return true;
+    });
     EXPECT_EQ(r.stats.tokens, kN);
     EXPECT_GT(r.stats.route_events, 0);
     EXPECT_EQ(r.stats.fallbacks, 0);
