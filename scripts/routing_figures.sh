@@ -12,6 +12,9 @@
 #               2% and 7%, for agreement with the cloud's answers      -> $OUT/tasks-{csqa,arc-challenge}
 #     wikitext  WikiText-2 test, all 606 chunks: log-likelihood gap recovered by the
 #               heuristics and wikitext-kl (trained on validation only) -> $OUT/wikitext-test
+#     mc        CommonsenseQA dev, ARC-Easy, ARC-Challenge, PIQA, five shots: local, cloud,
+#               route at five shares for confidence and wikitext-fixes, speculative
+#                                                                        -> $OUT/mc-TASK
 # Env: TANDEM_BUILD (default build), OUT (default eval-out), THREADS (default 2).
 # The split (docs/eval.md): passages 0-2575 train routers and choose settings (the rates below
 # were chosen on them); 2576-5152 are only reported.
@@ -21,7 +24,7 @@ BUILD=${TANDEM_BUILD:-$ROOT/build}
 OUT=${OUT:-$ROOT/eval-out}
 T=${THREADS:-2}
 STAGES=("$@")
-[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(all routers heldout tasks wikitext)
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(all routers heldout tasks wikitext mc)
 mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh")
 CLOUD=${PAIR[0]}
 EDGE=${PAIR[1]}
@@ -29,8 +32,14 @@ TANDEM=$BUILD/tandem
 mkdir -p "$OUT"
 
 source "$ROOT/scripts/serve_lib.sh"
-trap stop_cloud EXIT
-start_cloud "$TANDEM" "$CLOUD" "$T" "$OUT/serve.log"
+# The server starts with the first stage that asks it (wikitext and router collect read both
+# models from files).
+URL=
+need_cloud() {
+  [[ -n $URL ]] && return 0
+  trap stop_cloud EXIT
+  start_cloud "$TANDEM" "$CLOUD" "$T" "$OUT/serve.log"
+}
 
 # Controller targets. The controller holds a share of every generated token, and each LAMBADA
 # answer also generates the token that ends its word. On passages 0-999 (training half) at a
@@ -40,12 +49,14 @@ start_cloud "$TANDEM" "$CLOUD" "$T" "$OUT/serve.log"
 # the shares reported, and the LAMBADA router at those shares / 1.84. Every row shows its
 # realised share of answer tokens and the oracle at that share.
 RATES=0.01,0.02,0.05,0.07,0.1,0.2
+MC_RATES=0.02,0.05,0.07,0.1,0.2
 LAMBADA_ROUTER_RATES=0.0055,0.011,0.027,0.038,0.054,0.109
 
 set -x  # each command, with every setting, on stderr
 for stage in "${STAGES[@]}"; do
   case $stage in
     all)
+      need_cloud
       "$TANDEM" eval --task lambada -m "$EDGE" --cloud "$URL" --modes local,cloud \
         --no-sync-ahead -t "$T" --out "$OUT/lambada-all"
       ;;
@@ -65,6 +76,7 @@ for stage in "${STAGES[@]}"; do
     heldout)
       # The held-out half's local and cloud answers are those of the full run (same passages,
       # greedy): seeded from its logs when present, asked again otherwise.
+      need_cloud
       mkdir -p "$OUT/lambada-heldout"
       for run in local cloud; do
         if [[ -s "$OUT/lambada-all/items-$run.jsonl" && ! -e "$OUT/lambada-heldout/items-$run.jsonl" ]]; then
@@ -75,10 +87,11 @@ for stage in "${STAGES[@]}"; do
         --modes local,cloud,route,speculative --rates "$RATES" \
         --policy confidence,entropy,margin \
         --router "$OUT/lambada-fixes.gguf@$LAMBADA_ROUTER_RATES" \
-        --router "$OUT/wikitext-fixes.gguf@0.01,0.02,0.07" \
+        --router "$OUT/wikitext-fixes.gguf@$RATES" \
         --target-gain 0.2 --draft 4 --no-sync-ahead -t "$T" --out "$OUT/lambada-heldout"
       ;;
     tasks)
+      need_cloud
       for task in csqa arc-challenge; do
         "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" --shots 5 --modes cloud,route \
           --rates 0.02,0.07 --router "$OUT/lambada-fixes.gguf" --target-gain 0.2 \
@@ -90,8 +103,19 @@ for stage in "${STAGES[@]}"; do
         --chunk-tokens 512 --chunk-offset 0 --router "$OUT/wikitext-kl.gguf" \
         --rates 0.02,0.05,0.07,0.1,0.2 --target-gain 0.2 -t "$T" --out "$OUT/wikitext-test"
       ;;
+    mc)
+      # The tasks' pair is level (docs/results.md), so these rows show agreement with the
+      # cloud's answers; the router never saw a task item.
+      need_cloud
+      for task in csqa arc-easy arc-challenge piqa; do
+        "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" --shots 5 \
+          --modes local,cloud,route,speculative --rates "$MC_RATES" --policy confidence \
+          --router "$OUT/wikitext-fixes.gguf@$MC_RATES" --target-gain 0.2 --draft 4 \
+          --no-sync-ahead -t "$T" --out "$OUT/mc-$task"
+      done
+      ;;
     *)
-      echo "unknown stage '$stage' (all, routers, heldout, tasks, wikitext)" >&2
+      echo "unknown stage '$stage' (all, routers, heldout, tasks, wikitext, mc)" >&2
       exit 2
       ;;
   esac
