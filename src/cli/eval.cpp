@@ -183,8 +183,10 @@ class EvalCommand : public Command {
         ->capture_default_str();
     sub_->add_option("--api-key", cloud_.api_key, "Cloud API key");
     sub_->add_flag("--insecure", cloud_.insecure, "https: do not verify the certificate");
-    sub_->add_option("--task", task_,
-                     "csqa | arc-easy | arc-challenge | piqa | gsm8k | lambada | wikitext")
+    sub_->add_option(
+            "--task", task_,
+            "csqa | arc-easy | arc-challenge | piqa | gsm8k | lambada | wikitext | wikitext-valid "
+            "(WikiText-2 validation text, for choosing settings on text that is not reported)")
         ->required();
     sub_->add_option("--cloud-model", cloud_model_,
                      "wikitext: the cloud model as a local file instead of --cloud");
@@ -250,8 +252,8 @@ class EvalCommand : public Command {
     if (model_.empty()) model_ = default_model_path();
     if (out_.empty()) out_ = "eval-out/" + task_;
     if (rates_.empty()) rates_ = {0.05, 0.2};
-    if (task_ == "wikitext") {
-      if (router_files_.size() > 1) throw Error("--task wikitext scores one --router");
+    if (task_ == "wikitext" || task_ == "wikitext-valid") {
+      if (router_files_.size() > 1) throw Error("--task " + task_ + " scores one --router");
       const std::string router_file =
           router_files_.empty() ? "" : router_arg(router_files_.front()).first;
       WikitextEvalOptions w;
@@ -263,6 +265,7 @@ class EvalCommand : public Command {
       w.insecure = cloud_.insecure;
       w.cloud_model = cloud_model_;
       w.data_dir = data_;
+      w.split = task_ == "wikitext" ? "test" : "valid";
       w.out_dir = out_;
       w.rates = rates_;
       w.rate_gain = target_gain_;

@@ -71,7 +71,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
     throw Error(
         "--task wikitext needs the cloud's log-probabilities: --cloud URL or --cloud-model FILE");
   }
-  const std::string path = o.data_dir + "/wikitext-2/test.txt";
+  const std::string path = o.data_dir + "/wikitext-2/" + o.split + ".txt";
   auto edge = Model::load(o.edge_model);
   const Tokenizer& tok = edge->tokenizer();
   std::unique_ptr<Model> cloud_local;
@@ -90,7 +90,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   }
 
   const int L = o.chunk_tokens;
-  const std::vector<TokenId> all = wikitext_tokens(o.data_dir, tok);
+  const std::vector<TokenId> all = wikitext_tokens(o.data_dir, tok, o.split);
   const int total_chunks = static_cast<int>(all.size() / L);
   const int n_chunks = std::min<int>(o.chunks, total_chunks - o.chunk_offset);
   if (n_chunks < 1) {
@@ -169,7 +169,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   const double nll_edge = mean_nll_edge(positions), nll_cloud = mean_nll_cloud(positions);
   json results = {
       {"command", o.command},
-      {"task", "wikitext"},
+      {"task", o.split == "test" ? "wikitext" : "wikitext-" + o.split},
       {"source", path},
       {"chunks", n_chunks},
       {"chunk_offset", o.chunk_offset},

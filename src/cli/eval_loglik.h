@@ -15,6 +15,7 @@ struct WikitextEvalOptions {
   bool insecure = false;
   std::string cloud_model;  // a local copy of the cloud model instead of a URL
   std::string data_dir, out_dir;
+  std::string split = "test";  // WikiText-2 file: "test" (reported) or "valid" (for choosing)
   std::vector<double> rates;
   double rate_gain = kDefaultRateGain;  // RouterConfig::rate_gain
   int chunks = 8, chunk_tokens = 512, threads = 0;

@@ -230,5 +230,41 @@ TEST(EvalEndToEnd, WikitextLoglikThroughTheServerEqualsLocal) {
   fs::remove_all(out);
 }
 
+// --task wikitext-valid scores the validation file, where settings are chosen, and says so.
+TEST(EvalEndToEnd, WikitextValidReadsTheValidationFile) {
+  const std::string model = testdata_path("models/synth-llama-Q4_0.gguf");
+  const fs::path out = fs::temp_directory_path() / ("tandem-wtv-" + std::to_string(getpid()));
+  auto run = [&](const std::string& task) {
+    const std::vector<std::string> a = {TANDEM_BINARY,
+                                        "eval",
+                                        "-m",
+                                        model,
+                                        "--cloud-model",
+                                        model,
+                                        "--task",
+                                        task,
+                                        "--chunks",
+                                        "1",
+                                        "--chunk-tokens",
+                                        "64",
+                                        "--rates",
+                                        "0.1",
+                                        "--out",
+                                        (out / task).string(),
+                                        "-t",
+                                        "1",
+                                        "--no-plots"};
+    EXPECT_EQ(wait_exit(spawn(a)), 0);
+    return json::parse(std::ifstream(out / task / "results.json"));
+  };
+  const json test = run("wikitext"), valid = run("wikitext-valid");
+  EXPECT_EQ(test["task"], "wikitext");
+  EXPECT_EQ(valid["task"], "wikitext-valid");
+  EXPECT_TRUE(test["source"].get<std::string>().ends_with("wikitext-2/test.txt"));
+  EXPECT_TRUE(valid["source"].get<std::string>().ends_with("wikitext-2/valid.txt"));
+  EXPECT_NE(test["edge"]["nll"], valid["edge"]["nll"]) << "two files, two texts";
+  fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace tandem::testing
