@@ -2,74 +2,118 @@
 
 #include "cli/commands.h"
 
-#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "common/default_model.h"
 #include "tandem/error.h"
 
 namespace tandem::cli {
 
-void EdgeFlags::add_to(CLI::App& sub) {
-  sub.add_option("-m,--model", model, "Small (edge) GGUF model")->default_str(default_model_path());
-  sub.add_option("--cloud", cloud.url, "Cloud URL: http(s)://HOST:PORT[/PREFIX]");
-  sub.add_option("--cloud-api", cloud.api,
-                 "Cloud API: tandem (native, stateful sessions) | openai (/v1/completions) | "
-                 "sglang (/generate) | llamacpp (/completion): stateless, token-id prompts")
-      ->capture_default_str();
-  sub.add_option("--api-key", cloud.api_key, "Cloud API key (Authorization: Bearer)");
-  sub.add_flag("--insecure", cloud.insecure, "https: do not verify the certificate");
-  sub.add_option("--ca-file", cloud.ca_file, "https: CA bundle (PEM) to verify against");
-  sub.add_option("--mode", mode, "local | route | speculative | cloud")->capture_default_str();
-  sub.add_option("--policy", policy,
+void CloudFlags::add_to(CLI::App& sub, unsigned members) {
+  if (members & kUrl) {
+    sub.add_option("--cloud", options.url, "Cloud URL: http(s)://HOST:PORT[/PREFIX]");
+  }
+  if (members & kApi) {
+    sub.add_option("--cloud-api", options.api,
+                   "Cloud API: tandem (native, stateful sessions) | openai (/v1/completions) | "
+                   "sglang (/generate) | llamacpp (/completion): stateless, token-id prompts")
+        ->capture_default_str();
+  }
+  if (members & kApiKey) {
+    sub.add_option("--api-key", options.api_key, "Cloud API key (Authorization: Bearer)");
+  }
+  if (members & kTls) {
+    sub.add_flag("--insecure", options.insecure, "https: do not verify the certificate");
+    sub.add_option("--ca-file", options.ca_file, "https: CA bundle (PEM) to verify against");
+  }
+  if (members & kTimeout) {
+    sub.add_option("--cloud-timeout", options.timeout_s,
+                   "Seconds a cloud request may take (connect included) before it counts as "
+                   "failed (on the device: decoded there instead)")
+        ->check(CLI::Range(0.001, 3600.0))
+        ->capture_default_str();
+  }
+}
+
+namespace {
+
+void add_model_flags(CLI::App& sub, EdgeFlags& f, unsigned members) {
+  if (members & EdgeFlags::kModel) {
+    sub.add_option("-m,--model", f.model, "Small (edge) GGUF model")
+        ->default_str(default_model_path());
+  }
+  if (members & EdgeFlags::kContext) {
+    sub.add_option("-c,--ctx-size", f.options.context.n_ctx,
+                   "Context size of the small model (0: model default, at most 4096)")
+        ->check(CLI::Range(0, 1 << 20));
+    add_kv_cache_flags(&sub, f.options.context.type_k, f.options.context.type_v);
+  }
+  if (members & EdgeFlags::kThreads) {
+    sub.add_option("-t,--threads", f.options.context.n_threads, "Threads (default: all cores)");
+  }
+}
+
+void add_policy_flags(CLI::App& sub, EdgeFlags& f) {
+  sub.add_option("--policy", f.policy,
                  "Router: confidence | entropy | margin | random:RATE[:SEED] | always | never")
       ->capture_default_str();
-  sub.add_option("--router", router_file,
+  sub.add_option("--router", f.router_file,
                  "Trained router (GGUF, `tandem router train`) instead of --policy; "
                  "--target-rate starts from its calibration table, --threshold is its score");
-  auto* thr = sub.add_option("--threshold", threshold,
+  auto* thr = sub.add_option("--threshold", f.threshold,
                              "Route when the policy's score exceeds this (default per policy: "
                              "confidence 0.5, entropy 2, margin 0.8)");
-  sub.add_option("--target-rate", target_rate,
+  sub.add_option("--target-rate", f.target_rate,
                  "Keep the cloud share of tokens near R (0..1) instead of a threshold")
       ->check(CLI::Range(0.0, 1.0))
       ->excludes(thr);
-  sub.add_option("--target-gain", target_gain,
-                 "With --target-rate: how hard the controller corrects the share it has realised "
+}
+
+void add_control_flags(CLI::App& sub, EdgeFlags& f) {
+  sub.add_option("--target-gain", f.target_gain,
+                 "With a target rate: how hard the controller corrects the share it has realised "
                  "(quantile level per token of error; higher holds each 256-token window closer "
                  "to R, lower routes more strictly by score)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  sub.add_option("--route-span", options.route_span, "Cloud tokens per route event")
+  sub.add_option("--route-span", f.options.route_span, "Cloud tokens per route event")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  sub.add_option("--draft", options.draft, "Speculative: drafts per verify")
+  sub.add_option("--draft", f.options.draft, "Speculative: drafts per verify")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  sub.add_flag("--no-sync-ahead", no_sync_ahead,
-               "Do not push locally decided tokens to the cloud in the background");
-  sub.add_option("--sync-every", options.sync_every,
+  sub.add_flag("--no-sync-ahead", f.no_sync_ahead,
+               "Do not push locally decided tokens to the cloud in the background (a route "
+               "event sends what the cloud lacks; greedy answers are the same)");
+  sub.add_option("--sync-every", f.options.sync_every,
                  "Sync ahead once N local tokens have gathered (1: after every token)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  sub.add_option("--cloud-timeout", options.cloud_timeout_s,
-                 "Seconds a cloud request may take (connect included) before the device "
-                 "decodes the token itself")
-      ->check(CLI::Range(0.001, 3600.0))
-      ->capture_default_str();
-  sub.add_option("-n,--n-predict", n_predict,
+}
+
+void add_sampling_flags(CLI::App& sub, EdgeFlags& f) {
+  SamplingParams& s = f.options.sampling;
+  sub.add_option("-n,--n-predict", f.n_predict,
                  "Tokens to generate per answer (-1: until end or context)")
       ->capture_default_str();
-  sub.add_option("-c,--ctx-size", options.context.n_ctx,
-                 "Context size of the small model (0: model default, at most 4096)")
-      ->check(CLI::Range(0, 1 << 20));
-  sub.add_option("-t,--threads", options.context.n_threads, "Threads (default: all cores)");
-  add_kv_cache_flags(&sub, options.context.type_k, options.context.type_v);
-  sub.add_option("--temp", options.sampling.temp, "Temperature (0: greedy)")->capture_default_str();
-  sub.add_option("--top-k", options.sampling.top_k, "Top-k (0: off)")->capture_default_str();
-  sub.add_option("--top-p", options.sampling.top_p, "Top-p (1: off)")->capture_default_str();
-  sub.add_option("--min-p", options.sampling.min_p, "Min-p (0: off)")->capture_default_str();
-  sub.add_option("-s,--seed", seed, "RNG seed (-1: random)");
+  sub.add_option("--temp", s.temp, "Temperature (0: greedy)")->capture_default_str();
+  sub.add_option("--top-k", s.top_k, "Top-k (0: off)")->capture_default_str();
+  sub.add_option("--top-p", s.top_p, "Top-p (1: off)")->capture_default_str();
+  sub.add_option("--min-p", s.min_p, "Min-p (0: off)")->capture_default_str();
+}
+
+}  // namespace
+
+void EdgeFlags::add_to(CLI::App& sub, unsigned members) {
+  add_model_flags(sub, *this, members);
+  if (members & kMode) {
+    sub.add_option("--mode", mode, "local | route | speculative | cloud")->capture_default_str();
+  }
+  if (members & kPolicy) add_policy_flags(sub, *this);
+  if (members & kControl) add_control_flags(sub, *this);
+  if (members & kSampling) add_sampling_flags(sub, *this);
+  if (members & kSeed) sub.add_option("-s,--seed", seed, "RNG seed (-1: random)");
 }
 
 // Declared in cli/commands.h; defined here, in the library the tools and tests link.
@@ -92,11 +136,12 @@ void add_kv_cache_flags(CLI::App* sub, KvCacheType& type_k, KvCacheType& type_v)
       ->default_str("f32");
 }
 
-void EdgeFlags::resolve() {
+void EdgeFlags::resolve(const CloudOptions& cloud) {
   if (model.empty()) model = default_model_path();
   if (seed >= 0) options.sampling.seed = static_cast<uint64_t>(seed);
   options.sync_ahead = !no_sync_ahead;
   options.cloud_chunk = 16;
+  options.cloud_timeout_s = cloud.timeout_s;
   try {
     options.mode = parse_edge_mode(mode);
     options.router = parse_router_policy(policy);
@@ -106,29 +151,51 @@ void EdgeFlags::resolve() {
   if (threshold) options.router.threshold = *threshold;
   if (target_rate) options.router.target_rate = *target_rate;
   options.router.rate_gain = target_gain;
-  if (options.mode != EdgeMode::Local && cloud.url.empty()) {
-    throw Error("--mode " + mode + " needs --cloud URL (a `tandem serve` address)");
+}
+
+void DeviceFlags::add_to(CLI::App& sub) {
+  // The order of --help: the model, the cloud, then how to route and decode.
+  edge.add_to(sub, EdgeFlags::kModel);
+  cloud.add_to(sub, CloudFlags::kAll & ~CloudFlags::kTimeout);
+  edge.add_to(sub, EdgeFlags::kMode | EdgeFlags::kPolicy | EdgeFlags::kControl);
+  cloud.add_to(sub, CloudFlags::kTimeout);
+  edge.add_to(sub, EdgeFlags::kAll & ~(EdgeFlags::kModel | EdgeFlags::kMode | EdgeFlags::kPolicy |
+                                       EdgeFlags::kControl));
+}
+
+void DeviceFlags::resolve() {
+  edge.resolve(cloud.options);
+  if (edge.options.mode != EdgeMode::Local && cloud.options.url.empty()) {
+    throw Error("--mode " + edge.mode + " needs --cloud URL (a `tandem serve` address)");
   }
-  if (options.mode == EdgeMode::Speculative && options.sampling.temp > 0) {
+  if (edge.options.mode == EdgeMode::Speculative && edge.options.sampling.temp > 0) {
     std::fprintf(stderr,
                  "tandem: speculative mode is greedy (the cloud verifies greedily); --temp is "
                  "used only for tokens decoded locally when the cloud is unavailable\n");
   }
-  cloud.timeout_s = options.cloud_timeout_s;
 }
 
-void EdgeFlags::load_router(const Model& edge_model) {
-  if (router_file.empty()) return;
-  load_trained_router(router_file, edge_model, model, threshold, options);
+void DeviceFlags::load_router(const Model& edge_model) {
+  if (edge.router_file.empty()) return;
+  load_trained_router(edge.router_file, edge_model, edge.model, edge.threshold, edge.options);
 }
 
-std::unique_ptr<CloudBackend> EdgeFlags::make_backend(const Model& edge_model) const {
-  if (options.mode == EdgeMode::Local || cloud.url.empty()) return nullptr;
+std::unique_ptr<CloudBackend> DeviceFlags::make_backend(const Model& edge_model) const {
+  if (edge.options.mode == EdgeMode::Local || cloud.options.url.empty()) return nullptr;
   try {
-    return make_cloud_backend(cloud, edge_model);
+    return make_cloud_backend(cloud.options, edge_model);
   } catch (const std::invalid_argument& e) {
     throw Error(e.what());
   }
+}
+
+std::string default_data_dir() {
+  return (std::filesystem::path(TANDEM_SOURCE_DIR) / ".." / "shared" / "data").string();
+}
+
+void add_data_flag(CLI::App& sub, std::string& dir) {
+  dir = default_data_dir();
+  sub.add_option("--data", dir, "The benchmark data folder")->capture_default_str();
 }
 
 }  // namespace tandem::cli

@@ -1,6 +1,18 @@
-// Flags shared by the commands that decode on the device (`tandem run`, `tandem ui`): the small
-// model, the cloud, the mode and router, sampling and context. Each command registers them on its
-// own subcommand and then turns them into EdgeOptions and CloudOptions with resolve().
+// The flags of the commands that decode on the device or talk to a cloud, each defined once here
+// (name, help text, default, check) and registered by every command that takes it:
+//
+//   CloudFlags   --cloud --cloud-api --api-key --insecure --ca-file --cloud-timeout
+//   EdgeFlags    -m -c -t --cache-type-k/v; --mode; --policy --router --threshold --target-rate;
+//                --target-gain --route-span --draft --no-sync-ahead --sync-every;
+//                -n --temp --top-k --top-p --min-p; -s/--seed
+//   DeviceFlags  both groups whole: `tandem run` and `tandem ui`
+//   add_data_flag  --data, the benchmark data folder (eval, router collect)
+//
+// `tandem eval` takes the cloud group whole and the edge group without the flags it spells its
+// own way (--modes, a list of --policy heuristics, several --router files, --rates) or has no use
+// for (greedy answers of a task's length); `router collect` takes the cloud URL, API, key and
+// timeout, the model and the threads. A command may change a member's default before add_to
+// (the help then shows its own).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -12,7 +24,34 @@
 
 namespace tandem::cli {
 
+struct CloudFlags {
+  // Which flags add_to registers.
+  enum Member : unsigned {
+    kUrl = 1u << 0,      // --cloud
+    kApi = 1u << 1,      // --cloud-api
+    kApiKey = 1u << 2,   // --api-key
+    kTls = 1u << 3,      // --insecure, --ca-file
+    kTimeout = 1u << 4,  // --cloud-timeout
+    kAll = (1u << 5) - 1,
+  };
+  CloudOptions options;
+
+  void add_to(CLI::App& sub, unsigned members = kAll);
+};
+
 struct EdgeFlags {
+  // Which flags add_to registers.
+  enum Member : unsigned {
+    kModel = 1u << 0,     // -m
+    kContext = 1u << 1,   // -c, --cache-type-k, --cache-type-v
+    kThreads = 1u << 2,   // -t
+    kMode = 1u << 3,      // --mode
+    kPolicy = 1u << 4,    // --policy, --router, --threshold, --target-rate
+    kControl = 1u << 5,   // --target-gain, --route-span, --draft, --no-sync-ahead, --sync-every
+    kSampling = 1u << 6,  // -n, --temp, --top-k, --top-p, --min-p
+    kSeed = 1u << 7,      // -s, --seed
+    kAll = (1u << 8) - 1,
+  };
   std::string model;
   std::string mode = "route";
   std::string policy = "confidence";
@@ -22,12 +61,22 @@ struct EdgeFlags {
   long long seed = -1;
   bool no_sync_ahead = false;
   int n_predict = 128;
-  CloudOptions cloud;
   EdgeOptions options;  // complete after resolve()
 
+  void add_to(CLI::App& sub, unsigned members = kAll);
+  // Fills `options` (mode, router, seed, sync-ahead, the cloud's timeout) and the model path's
+  // default from the flags; throws tandem::Error naming the flag for a bad mode or policy.
+  void resolve(const CloudOptions& cloud);
+};
+
+// Both groups whole, for the commands that decode on the device with one mode (run, ui).
+struct DeviceFlags {
+  CloudFlags cloud;
+  EdgeFlags edge;
+
   void add_to(CLI::App& sub);
-  // Fills `options` (mode, router, seed, sync-ahead) and the cloud timeout from the flags;
-  // throws tandem::Error naming the flag when they do not fit together.
+  // EdgeFlags::resolve, and the checks that need both groups: a mode other than local needs
+  // --cloud; throws tandem::Error naming the flag.
   void resolve();
   // --router R.gguf, once the small model is loaded: the trained (mlp) router, checked against
   // that model (refused, naming what differs, when it was made for another); its threshold is
@@ -37,5 +86,10 @@ struct EdgeFlags {
   // The cloud backend for --cloud (null in local mode); throws tandem::Error for a bad URL.
   std::unique_ptr<CloudBackend> make_backend(const Model& edge_model) const;
 };
+
+// The benchmark data folder that --data names by default: ../shared/data beside this source tree.
+std::string default_data_dir();
+// --data DIR; `dir` is set to default_data_dir() first.
+void add_data_flag(CLI::App& sub, std::string& dir);
 
 }  // namespace tandem::cli

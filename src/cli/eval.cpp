@@ -176,13 +176,11 @@ class EvalCommand : public Command {
             "Accuracy against cloud share on a benchmark, through the real system: every mode "
             "asks every item via the edge decoder and the cloud; writes results.json, "
             "results.md and plots (gnuplot) to --out; resumes an interrupted run")) {
-    sub_->add_option("-m,--model", model_, "Small (edge) GGUF model")
-        ->default_str(default_model_path());
-    sub_->add_option("--cloud", cloud_.url, "Cloud URL (needed by every mode but local)");
-    sub_->add_option("--cloud-api", cloud_.api, "tandem | openai | sglang | llamacpp")
-        ->capture_default_str();
-    sub_->add_option("--api-key", cloud_.api_key, "Cloud API key");
-    sub_->add_flag("--insecure", cloud_.insecure, "https: do not verify the certificate");
+    // The flags of `tandem run`, but those eval spells its own way (--modes; a list of --policy
+    // heuristics and --router files; --rates) or has no use for (answers are greedy and as long
+    // as the task's).
+    edge_.add_to(*sub_, EdgeFlags::kModel);
+    cloud_.add_to(*sub_, CloudFlags::kAll & ~CloudFlags::kTimeout);
     sub_->add_option(
             "--task", task_,
             "csqa | arc-easy | arc-challenge | piqa | gsm8k | lambada | wikitext | wikitext-valid "
@@ -217,10 +215,7 @@ class EvalCommand : public Command {
                      "Route mode's heuristic routers, comma-separated: confidence, entropy, "
                      "margin (default confidence; none by default when --router is given)")
         ->capture_default_str();
-    sub_->add_option("--target-gain", target_gain_,
-                     "Route mode: the target-rate controller's gain (as tandem run's)")
-        ->check(CLI::Range(0.0, 1.0))
-        ->capture_default_str();
+    edge_.add_to(*sub_, EdgeFlags::kControl);
     sub_->add_option("--shots", shots_,
                      "Few-shot examples in the prompt (default 5; lambada is zero-shot)")
         ->check(CLI::Range(0, 32));
@@ -228,73 +223,31 @@ class EvalCommand : public Command {
                      "Only items A to B of the task's file (0-based, both included), e.g. "
                      "2576-5152 for LAMBADA's reported half");
     sub_->add_option("--limit", limit_, "Items at most (0: all)")->check(CLI::NonNegativeNumber);
-    sub_->add_option("--data", data_, "The benchmark data folder")->capture_default_str();
+    add_data_flag(*sub_, data_);
     sub_->add_option("--out", out_, "Output folder (default eval-out/TASK)");
-    sub_->add_option("--draft", draft_, "Speculative: drafts per verify")
-        ->check(CLI::Range(1, 64))
-        ->capture_default_str();
-    sub_->add_option("--cloud-timeout", timeout_s_, "Seconds per cloud request")
-        ->capture_default_str();
-    sub_->add_option("-c,--ctx-size", n_ctx_, "Edge context size")->check(CLI::Range(0, 1 << 20));
-    sub_->add_option("-t,--threads", threads_, "Edge threads (default: all cores)");
+    cloud_.add_to(*sub_, CloudFlags::kTimeout);
+    edge_.add_to(*sub_, EdgeFlags::kContext | EdgeFlags::kThreads | EdgeFlags::kSeed);
     sub_->add_option("--rtt-ms", rtt_ms_,
                      "Add this network round trip between device and cloud (a loopback delay "
                      "proxy in this process)")
         ->check(CLI::Range(0.0, 10000.0));
-    sub_->add_flag("--no-sync-ahead", no_sync_ahead_,
-                   "Do not push locally decided tokens to the cloud in the background (a route "
-                   "event sends what the cloud lacks; the answers are the same)");
     sub_->add_flag("--no-plots", no_plots_, "Skip the gnuplot plots");
     sub_->add_flag("--json", json_, "Print results.json on stdout too");
   }
 
   int run() override {
-    if (model_.empty()) model_ = default_model_path();
+    // One set of options for every run; run_one overrides only the mode and the router.
+    edge_.resolve(cloud_.options);  // its mode and policy (run's flags) are not used here
+    base_ = edge_.options;
+    base_.sampling.temp = 0;
     if (out_.empty()) out_ = "eval-out/" + task_;
     if (rates_.empty()) rates_ = {0.05, 0.2};
-    if (task_ == "wikitext" || task_ == "wikitext-valid") {
-      if (router_files_.size() > 1) throw Error("--task " + task_ + " scores one --router");
-      const std::string router_file =
-          router_files_.empty() ? "" : router_arg(router_files_.front()).first;
-      WikitextEvalOptions w;
-      w.command = invocation();
-      w.edge_model = model_;
-      w.cloud_url = cloud_.url;
-      w.api = cloud_.api;
-      w.api_key = cloud_.api_key;
-      w.insecure = cloud_.insecure;
-      w.cloud_model = cloud_model_;
-      w.data_dir = data_;
-      w.split = task_ == "wikitext" ? "test" : "valid";
-      w.out_dir = out_;
-      w.rates = rates_;
-      w.rate_gain = target_gain_;
-      w.chunks = chunks_;
-      w.chunk_tokens = chunk_tokens_;
-      w.chunk_offset = chunk_offset_;
-      w.router = router_file;
-      w.threads = threads_;
-      w.timeout_s = std::max(timeout_s_, 60.0);
-      w.plots = !no_plots_;
-      w.json = json_;
-      return run_wikitext_eval(w);
-    }
+    if (task_ == "wikitext" || task_ == "wikitext-valid") return run_wikitext();
     const auto runs = parse_runs(modes_, rates_, policies());
     // The device reaches the cloud through the delay proxy when a round trip is asked for.
-    std::unique_ptr<net::DelayProxy> proxy;
-    if (rtt_ms_ > 0 && !cloud_.url.empty()) {
-      net::Url u;
-      try {
-        u = net::parse_url(cloud_.url);
-      } catch (const std::invalid_argument& e) {
-        throw Error(std::string("--cloud: ") + e.what());
-      }
-      proxy = std::make_unique<net::DelayProxy>(u.host, u.port, rtt_ms_);
-      cloud_.url = u.scheme + "://127.0.0.1:" + std::to_string(proxy->port()) + u.prefix;
-      std::fprintf(stderr, "[eval] %g ms round trip added by a loopback proxy\n", rtt_ms_);
-    }
+    const std::unique_ptr<net::DelayProxy> proxy = start_delay_proxy();
     for (const auto& r : runs) {
-      if (r.mode != EdgeMode::Local && cloud_.url.empty()) {
+      if (r.mode != EdgeMode::Local && cloud_.options.url.empty()) {
         throw Error("mode " + r.name + " needs --cloud URL");
       }
     }
@@ -303,9 +256,8 @@ class EvalCommand : public Command {
     select_items(task);
     if (limit_ > 0 && static_cast<size_t>(limit_) < task.items.size()) task.items.resize(limit_);
     fs::create_directories(out_);
-    auto model = Model::load(model_);
+    auto model = Model::load(edge_.model);
     const Tokenizer& tok = model->tokenizer();
-    cloud_.timeout_s = timeout_s_;
 
     json results;
     results["command"] = invocation();
@@ -315,16 +267,18 @@ class EvalCommand : public Command {
                        {"shots_from", task.shots_from},
                        {"items", task.items.size()},
                        {"header", task.header}};
-    results["edge"] = {{"path", model_},
+    results["edge"] = {{"path", edge_.model},
                        {"name", model->info().name},
                        {"vocab_hash", tok.fingerprint_hex()},
                        {"file_bytes", model->info().file_bytes}};
-    results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}, {"rtt_ms_added", rtt_ms_}};
+    results["cloud"] = {
+        {"url", cloud_.options.url}, {"api", cloud_.options.api}, {"rtt_ms_added", rtt_ms_}};
+    results["settings"] = settings_json();
     for (const std::string& arg : router_files_) {
       // Checked against the edge model now, so a wrong router stops the run before any item.
       const std::string path = router_arg(arg).first;
       EdgeOptions probe;
-      const auto info = load_trained_router(path, *model, model_, std::nullopt, probe);
+      const auto info = load_trained_router(path, *model, edge_.model, std::nullopt, probe);
       results["routers"].push_back({{"path", path},
                                     {"label", info.label},
                                     {"edge_vocab_hash", info.vocab_hash},
@@ -344,6 +298,65 @@ class EvalCommand : public Command {
   }
 
  private:
+  // --task wikitext: the offline log-likelihood replay (eval_loglik.cpp).
+  int run_wikitext() const {
+    if (router_files_.size() > 1) throw Error("--task " + task_ + " scores one --router");
+    WikitextEvalOptions w;
+    w.command = invocation();
+    w.edge_model = edge_.model;
+    w.cloud_url = cloud_.options.url;
+    w.api = cloud_.options.api;
+    w.api_key = cloud_.options.api_key;
+    w.insecure = cloud_.options.insecure;
+    w.ca_file = cloud_.options.ca_file;
+    w.cloud_model = cloud_model_;
+    w.data_dir = data_;
+    w.split = task_ == "wikitext" ? "test" : "valid";
+    w.out_dir = out_;
+    w.rates = rates_;
+    w.rate_gain = base_.router.rate_gain;
+    w.chunks = chunks_;
+    w.chunk_tokens = chunk_tokens_;
+    w.chunk_offset = chunk_offset_;
+    w.router = router_files_.empty() ? "" : router_arg(router_files_.front()).first;
+    w.threads = base_.context.n_threads;
+    w.timeout_s = std::max(cloud_.options.timeout_s, 60.0);
+    w.plots = !no_plots_;
+    w.json = json_;
+    return run_wikitext_eval(w);
+  }
+
+  // --rtt-ms: a loopback proxy that delays every byte between the device and --cloud, which is
+  // pointed at it. Null without --rtt-ms or --cloud.
+  std::unique_ptr<net::DelayProxy> start_delay_proxy() {
+    if (rtt_ms_ <= 0 || cloud_.options.url.empty()) return nullptr;
+    net::Url u;
+    try {
+      u = net::parse_url(cloud_.options.url);
+    } catch (const std::invalid_argument& e) {
+      throw Error(std::string("--cloud: ") + e.what());
+    }
+    auto proxy = std::make_unique<net::DelayProxy>(u.host, u.port, rtt_ms_);
+    cloud_.options.url = u.scheme + "://127.0.0.1:" + std::to_string(proxy->port()) + u.prefix;
+    std::fprintf(stderr, "[eval] %g ms round trip added by a loopback proxy\n", rtt_ms_);
+    return proxy;
+  }
+
+  // What every run shares, for results.json: the device's options and the cloud's timeout.
+  json settings_json() const {
+    return {{"route_span", base_.route_span},
+            {"draft", base_.draft},
+            {"sync_ahead", base_.sync_ahead},
+            {"sync_every", base_.sync_every},
+            {"target_gain", base_.router.rate_gain},
+            {"cloud_timeout_s", base_.cloud_timeout_s},
+            {"ctx_size", base_.context.n_ctx},
+            {"threads", base_.context.n_threads},
+            {"cache_type_k", kv_cache_type_name(base_.context.type_k)},
+            {"cache_type_v", kv_cache_type_name(base_.context.type_v)},
+            {"seed", edge_.seed}};
+  }
+
   // The route-mode policies: the --policy heuristics, then each --router file.
   std::vector<PolicySpec> policies() const {
     std::vector<PolicySpec> out;
@@ -417,21 +430,15 @@ class EvalCommand : public Command {
       std::fprintf(stderr, "[%s] %zu items already done\n", spec.name.c_str(), done.size());
       return done;
     }
-    EdgeOptions opts;
+    EdgeOptions opts = base_;
     opts.mode = spec.mode;
-    opts.sampling.temp = 0;
-    opts.draft = draft_;
-    opts.sync_ahead = !no_sync_ahead_;
-    opts.cloud_timeout_s = timeout_s_;
-    opts.context.n_ctx = n_ctx_;
-    opts.context.n_threads = threads_;
     opts.router = parse_router_policy(spec.policy.empty() ? "confidence" : spec.policy);
     if (spec.target_rate) opts.router.target_rate = *spec.target_rate;
-    opts.router.rate_gain = target_gain_;
+    opts.router.rate_gain = base_.router.rate_gain;
     if (spec.mode == EdgeMode::Route && !spec.router_path.empty())
-      load_trained_router(spec.router_path, model, model_, std::nullopt, opts);
+      load_trained_router(spec.router_path, model, edge_.model, std::nullopt, opts);
     std::unique_ptr<CloudBackend> backend;
-    if (spec.mode != EdgeMode::Local) backend = make_cloud_backend(cloud_, model);
+    if (spec.mode != EdgeMode::Local) backend = make_cloud_backend(cloud_.options, model);
     EdgeDecoder edge(model, opts, std::move(backend));
     const std::string cloud_line = edge.start();
     if (spec.mode != EdgeMode::Local) {
@@ -781,18 +788,18 @@ class EvalCommand : public Command {
     }
   }
 
-  std::string model_, task_, modes_ = "local,cloud,route,speculative", policy_ = "confidence";
-  std::string data_ = (fs::path(TANDEM_SOURCE_DIR) / ".." / "shared" / "data").string();
-  std::string out_, cloud_model_;
+  CloudFlags cloud_;
+  EdgeFlags edge_;
+  EdgeOptions base_;  // every run's options but its mode and router (edge_ resolved, greedy)
+  std::string task_, modes_ = "local,cloud,route,speculative", policy_ = "confidence";
+  std::string data_, out_, cloud_model_;
   int chunks_ = 8, chunk_tokens_ = 512, chunk_offset_ = 0;
   std::vector<std::string> router_files_;
   std::string items_;
   std::vector<double> rates_;
-  double target_gain_ = kDefaultRateGain;
-  CloudOptions cloud_;
-  int shots_ = -1, limit_ = 0, draft_ = 4, n_ctx_ = 0, threads_ = 0;
-  double timeout_s_ = 10, rtt_ms_ = 0;
-  bool no_plots_ = false, json_ = false, no_sync_ahead_ = false;
+  int shots_ = -1, limit_ = 0;
+  double rtt_ms_ = 0;
+  bool no_plots_ = false, json_ = false;
   int errors_ = 0;
 };
 

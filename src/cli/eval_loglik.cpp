@@ -86,6 +86,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
     net::HttpOptions ho;
     ho.api_key = o.api_key;
     ho.insecure = o.insecure;
+    ho.ca_file = o.ca_file;
     http = std::make_unique<net::HttpClient>(net::parse_url(o.cloud_url), ho);
   }
 

@@ -13,6 +13,7 @@ struct WikitextEvalOptions {
   std::string edge_model;
   std::string cloud_url, api = "tandem", api_key;
   bool insecure = false;
+  std::string ca_file;      // https: a CA bundle (PEM) to verify against
   std::string cloud_model;  // a local copy of the cloud model instead of a URL
   std::string data_dir, out_dir;
   std::string split = "test";  // WikiText-2 file: "test" (reported) or "valid" (for choosing)

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "cli/edge_flags.h"
 #include "cli/teacher_forced.h"
 #include "common/splitmix.h"
 #include "eval/tasks.h"
@@ -45,11 +46,11 @@ class RouterCollect {
         "Run the edge model teacher-forced over WikiText-2 test chunks and the cloud over the "
         "same tokens; write a trace (features, tokens, log-probs per position) for `router "
         "train`. Resumes a trace that exists (whole chunks; a half-written tail is cut)");
-    sub_->add_option("-m,--model", model_, "Edge GGUF model")->default_str(default_model_path());
+    edge_.add_to(*sub_, EdgeFlags::kModel);
     sub_->add_option("--cloud-model", cloud_model_, "The cloud model as a local GGUF file");
-    sub_->add_option("--cloud", cloud_url_, "Or a cloud URL (tandem serve / vLLM /v1/completions)");
-    sub_->add_option("--cloud-api", api_, "tandem | openai")->capture_default_str();
-    sub_->add_option("--api-key", api_key_, "Cloud API key");
+    // The cloud over HTTP (/v1/completions) gets the key only: no TLS flags here.
+    cloud_.options.timeout_s = 120;  // a request asks for a whole chunk's rows
+    cloud_.add_to(*sub_, CloudFlags::kUrl | CloudFlags::kApi | CloudFlags::kApiKey);
     sub_->add_option("--out", out_, "Trace file to write or resume")->required();
     sub_->add_option("--task", task_,
                      "What to trace: wikitext or wikitext-valid (WikiText-2 test or validation "
@@ -83,10 +84,9 @@ class RouterCollect {
                      "exact when among them, else bounded by the n-th)")
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
-    sub_->add_option("--data", data_, "The benchmark data folder")->capture_default_str();
-    sub_->add_option("-t,--threads", threads_, "Threads (default: all cores)");
-    sub_->add_option("--cloud-timeout", timeout_s_, "Seconds per cloud request")
-        ->capture_default_str();
+    add_data_flag(*sub_, data_);
+    edge_.add_to(*sub_, EdgeFlags::kThreads);
+    cloud_.add_to(*sub_, CloudFlags::kTimeout);
     sub_->add_flag("--overwrite", overwrite_, "Start the trace afresh instead of resuming");
     sub_->add_option("--outcome-share", outcome_share_,
                      "Measure the outcome label on this fraction of the sequences (chosen by "
@@ -376,11 +376,19 @@ class RouterCollect {
 
  private:
   CLI::App* sub_;
-  std::string model_, cloud_model_, cloud_url_, api_ = "tandem", api_key_, out_,
-                                                data_ = "../shared/data", task_ = "wikitext";
+  CloudFlags cloud_;
+  EdgeFlags edge_;
+  // run() reads the shared flags under these names.
+  std::string& model_ = edge_.model;
+  std::string& cloud_url_ = cloud_.options.url;
+  std::string& api_ = cloud_.options.api;
+  std::string& api_key_ = cloud_.options.api_key;
+  double& timeout_s_ = cloud_.options.timeout_s;
+  int& threads_ = edge_.options.context.n_threads;
+  std::string cloud_model_, out_, data_, task_ = "wikitext";
   int shots_ = 5, chunks_ = 24, chunk_offset_ = 0, chunk_tokens_ = 512, first_position_ = 0,
-      top_k_ = 8, cloud_top_n_ = 20, threads_ = 0;
-  double timeout_s_ = 120, outcome_share_ = 0;
+      top_k_ = 8, cloud_top_n_ = 20;
+  double outcome_share_ = 0;
   int outcome_tokens_ = 0;  // 0: 16 for text, the task's answer length for GSM8K
   bool overwrite_ = false;
 

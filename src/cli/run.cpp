@@ -63,7 +63,7 @@ class RunCommand : public Command {
   explicit RunCommand(CLI::App& app)
       : Command(app.add_subcommand(
             "run", "Decode on the device with a small model, consulting a cloud model per token")) {
-    edge_.add_to(*sub_);
+    flags_.add_to(*sub_);
     prompt_opt_ = sub_->add_option("-p,--prompt", prompt_, "Prompt text");
     sub_->add_option("-f,--file", file_, "Read the prompt from a file")->excludes(prompt_opt_);
     sub_->add_flag("--color", color_, "Colour cloud tokens even when stdout is not a terminal");
@@ -78,14 +78,14 @@ class RunCommand : public Command {
   }
 
   int run() override {
-    edge_.resolve();
+    flags_.resolve();
     colour_ = color_ || isatty(STDOUT_FILENO) == 1;
 
-    auto model = Model::load(edge_.model);
-    edge_.load_router(*model);
-    EdgeDecoder edge(*model, edge_.options, edge_.make_backend(*model));
+    auto model = Model::load(flags_.edge.model);
+    flags_.load_router(*model);
+    EdgeDecoder edge(*model, flags_.edge.options, flags_.make_backend(*model));
     const std::string cloud_line = edge.start();
-    if (edge_.options.mode != EdgeMode::Local)
+    if (flags_.edge.options.mode != EdgeMode::Local)
       std::fprintf(stderr, "tandem: %s\n", cloud_line.c_str());
 
     if (interactive_) return run_interactive(*model, edge);
@@ -116,7 +116,7 @@ class RunCommand : public Command {
       j["source"] = sources;
       j["score"] = r.scores;
       j["stats"] = edge_stats_json(r.stats);
-      j["mode"] = edge_.mode;
+      j["mode"] = flags_.edge.mode;
       j["stop"] = stop_reason_name(r.stop);
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
@@ -128,7 +128,7 @@ class RunCommand : public Command {
 
  private:
   int n_predict() const {
-    return edge_.n_predict < 0 ? std::numeric_limits<int>::max() : edge_.n_predict;
+    return flags_.edge.n_predict < 0 ? std::numeric_limits<int>::max() : flags_.edge.n_predict;
   }
 
   void show_prompt(std::span<const TokenId> ids) const {
@@ -153,7 +153,7 @@ class RunCommand : public Command {
     std::fprintf(stderr,
                  "\n%s: %d tokens, cloud %d (%.1f%%) in %d events, fallbacks %d, replays %d%s | "
                  "up %s, down %s | ttft %.0f ms, %.1f tok/s (cloud %.0f ms, local %.0f ms)%s\n",
-                 edge_.mode.c_str(), s.tokens, s.cloud_tokens, 100.0 * s.cloud_share,
+                 flags_.edge.mode.c_str(), s.tokens, s.cloud_tokens, 100.0 * s.cloud_share,
                  s.route_events, s.fallbacks, s.replays,
                  s.drafted ? (", drafts " + std::to_string(s.accepted_drafts) + "/" +
                               std::to_string(s.drafted) + " accepted")
@@ -231,7 +231,7 @@ class RunCommand : public Command {
     return 0;
   }
 
-  EdgeFlags edge_;
+  DeviceFlags flags_;
   std::string prompt_, file_, system_;
   CLI::Option* prompt_opt_ = nullptr;
   bool color_ = false, chat_ = false, interactive_ = false, json_ = false, colour_ = false,

@@ -30,8 +30,8 @@ class UiCommand : public Command {
             "ui",
             "A browser view of routing: a page on 127.0.0.1 that streams each answer token "
             "by token, cloud tokens marked, with router scores and live stats")) {
-    edge_.options.sampling.temp = 0;  // greedy unless --temp says otherwise
-    edge_.add_to(*sub_);
+    flags_.edge.options.sampling.temp = 0;  // greedy unless --temp says otherwise
+    flags_.add_to(*sub_);
     http_.port = 8090;  // next to tandem serve's 8080, so both run with their defaults
     sub_->add_option("--host", http_.host,
                      "Address to bind (loopback by default: the page has no authentication)")
@@ -50,33 +50,33 @@ class UiCommand : public Command {
     // The page opens at the paper's operating point: a 7% cloud share (a fixed threshold routes
     // far more than that on a base model's answers), greedy (set before the flags, above).
     if (sub_->count("--threshold") == 0 && sub_->count("--target-rate") == 0)
-      edge_.target_rate = kUiDefaultTargetRate;
-    edge_.resolve();
-    auto model = Model::load(edge_.model);
-    edge_.load_router(*model);
-    if (edge_.options.mode != EdgeMode::Local || !edge_.cloud.url.empty()) {
+      flags_.edge.target_rate = kUiDefaultTargetRate;
+    flags_.resolve();
+    auto model = Model::load(flags_.edge.model);
+    flags_.load_router(*model);
+    if (flags_.edge.options.mode != EdgeMode::Local || !flags_.cloud.options.url.empty()) {
       // Fail on a bad URL now rather than on the first request.
-      (void)edge_.make_backend(*model);
+      (void)flags_.make_backend(*model);
     }
 
     ui::UiOptions o;
-    o.edge = edge_.options;
+    o.edge = flags_.edge.options;
     o.limits = limits_;
-    o.defaults.mode = edge_.options.mode;
-    o.defaults.router = edge_.options.router;
-    o.defaults.temp = edge_.options.sampling.temp;
+    o.defaults.mode = flags_.edge.options.mode;
+    o.defaults.router = flags_.edge.options.router;
+    o.defaults.temp = flags_.edge.options.sampling.temp;
     o.defaults.n_predict =
-        std::clamp(edge_.n_predict < 0 ? 128 : edge_.n_predict, 1, limits_.max_predict);
-    o.model_name = std::filesystem::path(edge_.model).filename().string();
-    o.cloud_url = edge_.cloud.url;
-    o.cloud_api = edge_.cloud.api;
+        std::clamp(flags_.edge.n_predict < 0 ? 128 : flags_.edge.n_predict, 1, limits_.max_predict);
+    o.model_name = std::filesystem::path(flags_.edge.model).filename().string();
+    o.cloud_url = flags_.cloud.options.url;
+    o.cloud_api = flags_.cloud.options.api;
     // The I/O context outlives the UI server: the server's open streams hold connections.
     asio::io_context io;
-    const EdgeFlags& flags = edge_;
+    const CloudOptions& cloud = flags_.cloud.options;
     const Model& small = *model;
-    ui::UiServer ui(small, o, [&flags, &small]() -> std::unique_ptr<CloudBackend> {
-      if (flags.cloud.url.empty()) return nullptr;
-      return make_cloud_backend(flags.cloud, small);
+    ui::UiServer ui(small, o, [&cloud, &small]() -> std::unique_ptr<CloudBackend> {
+      if (cloud.url.empty()) return nullptr;
+      return make_cloud_backend(cloud, small);
     });
     net::HttpServer http(io, http_,
                          [&ui](const net::HttpRequest& req, std::shared_ptr<net::Responder> res) {
@@ -103,7 +103,7 @@ class UiCommand : public Command {
   }
 
  private:
-  EdgeFlags edge_;
+  DeviceFlags flags_;
   net::HttpServerOptions http_;
   ui::UiLimits limits_;
 };

@@ -79,7 +79,45 @@ expect_error "id out of range" "outside the vocabulary" "$TANDEM" logits -m "$TD
 expect_error "vocab-only model" "missing required tensor\|missing tensor" "$TANDEM" generate -m "$TD/tokenizers/ggml-vocab-llama-spm.gguf" -p hi -n 1
 expect_error "unknown flag" "" "$TANDEM" generate --no-such-flag
 expect_error "bad cache type" "expected f32 or f16" "$TANDEM" generate -m "$TD/models/synth-llama-Q4_K.gguf" -p hi -n 1 -ctk q8_0
-for cmd in tokenize logits generate bench; do
+# The routing flags are defined once (src/cli/edge_flags.h): a bad value gets one refusal from
+# every command that takes the flag, eval lists run's device flags, and eval and router collect
+# read the same data folder by default.
+same_refusal() {  # same_refusal FLAG VALUE COMMAND...: exit code 2, one message naming FLAG
+  local flag=$1 value=$2 first="" msg rc
+  shift 2
+  for cmd in "$@"; do
+    # shellcheck disable=SC2086  # each COMMAND is its words
+    timeout 60 "$TANDEM" $cmd "$flag" "$value" >/dev/null 2>"$TMP/err"
+    rc=$?
+    msg=$(head -1 "$TMP/err")
+    check "$cmd $flag $value: exit code" [ "$rc" -eq 2 ]
+    check "$cmd $flag $value: names the flag" grep -q -- "$flag" <<<"$msg"
+    [[ -n $first ]] || first=$msg
+    check "$cmd $flag $value: same message" [ "$msg" == "$first" ]
+  done
+}
+device_cmds=("run -p hi" "ui" "eval --task csqa")
+same_refusal --cloud-timeout 0 "${device_cmds[@]}" "router collect --out $TMP/x.trace"
+same_refusal --threads x "${device_cmds[@]}" "router collect --out $TMP/x.trace"
+same_refusal --sync-every 0 "${device_cmds[@]}"
+same_refusal --route-span 0 "${device_cmds[@]}"
+same_refusal --cache-type-k q8_0 "${device_cmds[@]}"
+same_refusal --target-gain 2 "${device_cmds[@]}"
+eval_help=$("$TANDEM" eval --help)
+run_help=$("$TANDEM" run --help)
+for flag in -m --cloud --cloud-api --api-key --insecure --ca-file --cloud-timeout --target-gain \
+  --route-span --draft --no-sync-ahead --sync-every -c --cache-type-k --cache-type-v -t -s; do
+  check "eval --help lists $flag" grep -q -- " $flag[ ,]" <<<"$eval_help"
+  check "run --help lists $flag" grep -q -- " $flag[ ,]" <<<"$run_help"
+done
+check "--target-gain defaults to 0.2" grep -q -- "--target-gain FLOAT:FLOAT in \[0 - 1\]=0.2$" <<<"$eval_help"
+check "run --target-gain defaults to 0.2" grep -q -- "--target-gain FLOAT:FLOAT in \[0 - 1\]=0.2$" <<<"$run_help"
+data_default() { "$TANDEM" "$@" --help | grep -o -- "--data TEXT=[^ ]*"; }
+eval_data=$(data_default eval)
+check "eval --data has a default" [ -n "$eval_data" ]
+check "eval and router collect: one data folder" [ "$eval_data" == "$(data_default router collect)" ]
+
+for cmd in tokenize logits generate bench run ui eval; do
   check "$cmd --help" "$TANDEM" "$cmd" --help >/dev/null
 done
 

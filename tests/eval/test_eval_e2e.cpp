@@ -185,6 +185,51 @@ TEST(EvalEndToEnd, LambadaCountsAnswerTokensAndPutsTheOracleBesideEachRow) {
   fs::remove_all(out);
 }
 
+// eval takes the device flags of `tandem run` (one definition, src/cli/edge_flags.h), and they
+// act: --route-span 4 gives more cloud tokens than route events (span 1: one each), the others
+// appear in results.json's settings.
+TEST(EvalEndToEnd, TakesRunsDeviceFlagsAndAppliesThem) {
+  const std::string cloud = testdata_path("models/synth-llama-Q8_0.gguf");
+  const std::string edge = testdata_path("models/synth-llama-Q4_0.gguf");
+  const std::string data = (shared_dir() / "data").string();
+  ServerProcess server(cloud);
+  const fs::path out = fs::temp_directory_path() / ("tandem-flags-" + std::to_string(getpid()));
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port());
+  auto route_run = [&](const std::string& span) {
+    fs::remove_all(out);
+    const Ran r = run_tandem(
+        {"eval",    "-m",           edge,      "--cloud",    url,          "--task", "lambada",
+         "--data",  data,           "--out",   out.string(), "--no-plots", "-t",     "1",
+         "--items", "2576-2600",    "--modes", "route",      "--rates",    "0.5",    "--route-span",
+         span,      "--sync-every", "2",       "--seed",     "7",          "-ctv",   "f16"},
+        fs::temp_directory_path());
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return json::parse(std::ifstream(out / "results.json"));
+  };
+  // The route row's cloud tokens among all generated ones (the answer's are fewer).
+  auto generated_cloud = [](const json& row) {
+    return std::lround(row["cloud_share_of_generated"].get<double>() *
+                       row["generated_tokens"].get<double>());
+  };
+  const json one = route_run("1");
+  const json four = route_run("4");
+  const json& row1 = one["runs"][0];
+  const json& row4 = four["runs"][0];
+  ASSERT_GT(row1["route_events"].get<int>(), 0);
+  ASSERT_GT(row4["route_events"].get<int>(), 0);
+  EXPECT_EQ(generated_cloud(row1), row1["route_events"].get<long>());
+  EXPECT_GT(generated_cloud(row4), row4["route_events"].get<long>());
+  const json& settings = four["settings"];
+  EXPECT_EQ(settings["route_span"], 4);
+  EXPECT_EQ(settings["sync_every"], 2);
+  EXPECT_EQ(settings["seed"], 7);
+  EXPECT_EQ(settings["sync_ahead"], true);
+  EXPECT_EQ(settings["cache_type_k"], "f32");
+  EXPECT_EQ(settings["cache_type_v"], "f16");
+  EXPECT_EQ(settings["target_gain"], 0.2) << "run's default";
+  fs::remove_all(out);
+}
+
 // WikiText-2 log-likelihood under routing: the cloud's log-probabilities through a server's
 // /v1/completions prompt_logprobs and SGLang-style /generate equal a local copy's, and every
 // policy stays under the oracle at the same share.
