@@ -12,14 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/eval_loglik.h"
-#include "cli/teacher_forced.h"
 #include "eval/loglik.h"
-#include "net/http_client.h"
 #include "tandem/client.h"
+#include "tandem/cloud_rows.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
 #include "tandem/router.h"
-#include "tokenizer/tokenizer.h"
+#include "tandem/router_tools.h"
 
 namespace tandem::cli {
 namespace {
@@ -73,24 +72,26 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   }
   const std::string path = o.data_dir + "/wikitext-2/test.txt";
   auto edge = Model::load(o.edge_model);
-  const Tokenizer& tok = edge->tokenizer();
   std::unique_ptr<Model> cloud_local;
-  std::unique_ptr<net::HttpClient> http;
+  std::unique_ptr<HttpCloudRows> http;
   if (!o.cloud_model.empty()) {
     cloud_local = Model::load(o.cloud_model);
-    if (cloud_local->tokenizer().fingerprint() != tok.fingerprint()) {
+    if (cloud_local->info().vocab_hash != edge->info().vocab_hash) {
       throw Error("--cloud-model " + o.cloud_model + " has another vocabulary than " +
                   o.edge_model);
     }
   } else {
-    net::HttpOptions ho;
-    ho.api_key = o.api_key;
-    ho.insecure = o.insecure;
-    http = std::make_unique<net::HttpClient>(net::parse_url(o.cloud_url), ho);
+    CloudOptions co;
+    co.url = o.cloud_url;
+    co.api = o.api;
+    co.api_key = o.api_key;
+    co.insecure = o.insecure;
+    co.timeout_s = o.timeout_s;
+    http = std::make_unique<HttpCloudRows>(co);
   }
 
   const int L = o.chunk_tokens;
-  const std::vector<TokenId> all = wikitext_tokens(o.data_dir, tok);
+  const std::vector<TokenId> all = wikitext_tokens(o.data_dir, *edge);
   const int total_chunks = static_cast<int>(all.size() / L);
   const int n_chunks = std::min<int>(o.chunks, total_chunks - o.chunk_offset);
   if (n_chunks < 1) {
@@ -135,7 +136,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   for (const auto& p : policies) scorers.emplace_back(config_for(p, 0).router);
   const bool want_hidden = !o.router.empty();
   for (int c = 0; c < n_chunks; ++c) {
-    const std::vector<TokenId> chunk = text_chunk(all, o.chunk_offset + c, L, tok);
+    const std::vector<TokenId> chunk = text_chunk(all, o.chunk_offset + c, L, *edge);
     const size_t base = positions.size();
     run_chunk(edge_ctx, chunk, first_scored, want_hidden,
               [&](int i, std::span<const float> logits, std::span<const float> hidden) {
@@ -156,7 +157,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
                   cloud_lp.push_back(log_prob(logits, chunk[i + 1]));
                 });
     } else {
-      for (const CloudRow& r : cloud_rows_http(*http, o.api, chunk, first_scored, 0, o.timeout_s))
+      for (const CloudRow& r : http->rows(chunk, first_scored, 0))
         cloud_lp.push_back(r.true_logprob);
     }
     for (size_t i = 0; i < cloud_lp.size(); ++i) positions[base + i].cloud_logprob = cloud_lp[i];
