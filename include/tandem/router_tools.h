@@ -93,7 +93,7 @@ class OutcomeProbe {
   // `pos`: n tokens each (the first included), fewer for a slot once `stop` says so.
   std::vector<std::vector<TokenId>> continue_greedy(Context& ctx, const std::vector<TokenId>& first,
                                                     int pos, int n, const StopWhen& stop = {});
-  const Model& edge_model_;                       // detokenizes answers
+  const Model& edge_model_;  // detokenizes answers
   int n_tokens_;
   Context edge_;                                  // 2 slots: after the edge's / the cloud's token
   std::unique_ptr<Context> cloud_;                // a local cloud, or
@@ -118,9 +118,9 @@ struct TraceSource {
 
 // What `router collect` writes and how it asks the cloud.
 struct TraceCollection {
-  std::string out;      // the trace file
-  bool resume = true;   // keep the sequences a trace there already holds
-  int top_k = 8;        // edge log-probabilities per position in the features
+  std::string out;     // the trace file
+  bool resume = true;  // keep the sequences a trace there already holds
+  int top_k = 8;       // edge log-probabilities per position in the features
   int n_threads = 0;
   // The cloud: a local model, or its rows [first, n − 1) of a chunk with its top-n per row
   // (HttpCloudRows::rows with the collection's top-n).

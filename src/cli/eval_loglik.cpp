@@ -17,6 +17,7 @@
 #include "tandem/cloud_rows.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
+#include "tandem/eval_report.h"
 #include "tandem/router.h"
 #include "tandem/router_tools.h"
 
@@ -274,8 +275,11 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
        << "\n";
   }
   if (o.plots) {
-    const std::string cmd = "gnuplot '" + (fs::path(o.out_dir) / "loglik.gp").string() + "' 2>&1";
-    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "warning: gnuplot failed\n");
+    // gnuplot's own words go to stdout, as they always have.
+    std::string said;
+    const bool drawn = run_gnuplot((fs::path(o.out_dir) / "loglik.gp").string(), said);
+    std::fputs(said.c_str(), stdout);
+    if (!drawn) std::fprintf(stderr, "warning: gnuplot failed\n");
   }
   std::fprintf(stderr, "edge NLL %.4f, cloud NLL %.4f, gap %.3f nats; results in %s\n", nll_edge,
                nll_cloud, nll_edge - nll_cloud, o.out_dir.c_str());

@@ -111,7 +111,8 @@ class RouterCollect {
       // Every collection asks for the cloud's top-n per position (and the outcome label for its
       // continuations) through /v1/completions: say so before any work.
       if (api_ == "sglang")
-        refuse_sglang("router collect: the cloud's top tokens and continuations", "/v1/completions");
+        refuse_sglang("router collect: the cloud's top tokens and continuations",
+                      "/v1/completions");
       CloudOptions co;
       co.url = cloud_url_;
       co.api = api_;
@@ -121,9 +122,9 @@ class RouterCollect {
     }
     // GSM8K (a numeric task): the outcome label judges each continuation's final answer.
     std::optional<eval::Task> numeric;
-    const std::vector<TraceSource> sources =
-        task_ == "wikitext" || task_ == "wikitext-valid" ? text_sources(*edge)
-                                                          : task_sources(*edge, numeric);
+    const std::vector<TraceSource> sources = task_ == "wikitext" || task_ == "wikitext-valid"
+                                                 ? text_sources(*edge)
+                                                 : task_sources(*edge, numeric);
     TraceCollection c;
     c.out = out_;
     c.resume = !overwrite_;
@@ -168,8 +169,7 @@ class RouterCollect {
     std::vector<TraceSource> sources;
     for (int c = 0; c < n_chunks; ++c) {
       const int id = chunk_offset_ + c;
-      sources.push_back(
-          {static_cast<uint64_t>(id), text_chunk(all, id, L, edge), first_position_});
+      sources.push_back({static_cast<uint64_t>(id), text_chunk(all, id, L, edge), first_position_});
     }
     return sources;
   }
@@ -182,7 +182,8 @@ class RouterCollect {
     const bool is_numeric = task.kind == eval::TaskKind::Numeric;
     if (is_numeric) numeric = task;
     const int n_items = std::min<int>(chunks_, static_cast<int>(task.items.size()) - chunk_offset_);
-    if (task.kind == eval::TaskKind::Word && chunk_offset_ + n_items > eval::kLambadaFirstReported) {
+    if (task.kind == eval::TaskKind::Word &&
+        chunk_offset_ + n_items > eval::kLambadaFirstReported) {
       throw Error("router collect --task lambada: passages " +
                   std::to_string(eval::kLambadaFirstReported) +
                   " on are kept for reporting (docs/eval.md); --chunk-offset " +
@@ -200,7 +201,7 @@ class RouterCollect {
       const int n_prompt = static_cast<int>(edge.tokenize(prompt, true, false).size());
       // Multiple choice: " B\n"; GSM8K: the worked solution as the shots show theirs;
       // LAMBADA: " word", the word's own tokens only.
-      const std::string answer = is_numeric ? " " + item.reference + "\n\n"
+      const std::string answer = is_numeric                          ? " " + item.reference + "\n\n"
                                  : task.kind == eval::TaskKind::Word ? " " + item.gold
                                                                      : " " + item.gold + "\n";
       std::vector<TokenId> ids = edge.tokenize(prompt + answer, true, false);

@@ -79,10 +79,11 @@ void refuse_sglang(const std::string& what, const std::string& endpoint) {
 
 HttpCloudRows::HttpCloudRows(const CloudOptions& options)
     : http_(std::make_unique<net::HttpClient>(
-          net::parse_url(options.url), net::HttpOptions{.insecure = options.insecure,
-                                                        .ca_file = options.ca_file,
-                                                        .api_key = options.api_key,
-                                                        .max_body_bytes = options.max_answer_bytes})),
+          net::parse_url(options.url),
+          net::HttpOptions{.insecure = options.insecure,
+                           .ca_file = options.ca_file,
+                           .api_key = options.api_key,
+                           .max_body_bytes = options.max_answer_bytes})),
       api_(options.api),
       timeout_s_(options.timeout_s) {}
 
@@ -94,7 +95,8 @@ std::vector<CloudRow> HttpCloudRows::rows(const std::vector<TokenId>& chunk, int
   std::string path;
   if (api_ == "sglang") {
     if (top_n > 0)
-      refuse_sglang("the cloud's top tokens per prompt position", "/v1/completions prompt_logprobs");
+      refuse_sglang("the cloud's top tokens per prompt position",
+                    "/v1/completions prompt_logprobs");
     path = "/generate";
     req = {{"input_ids", chunk},
            {"sampling_params", {{"max_new_tokens", 0}, {"temperature", 0}}},

@@ -228,10 +228,10 @@ class TraceCollector {
     int divergent = 0, measured = 0;
     for (const router::TraceRecord& r : seq.records) divergent += r.edge_top1 != r.cloud_top1;
     for (router::TraceRecord& r : seq.records) {
-      r.outcome = c_.judge_answer ? probe_->measure_answer(src.tokens, r.position, r.edge_top1,
-                                                           r.cloud_top1, judge)
-                                  : probe_->measure(src.tokens, r.position, r.edge_top1,
-                                                    r.cloud_top1);
+      r.outcome =
+          c_.judge_answer
+              ? probe_->measure_answer(src.tokens, r.position, r.edge_top1, r.cloud_top1, judge)
+              : probe_->measure(src.tokens, r.position, r.edge_top1, r.cloud_top1);
       if (r.edge_top1 == r.cloud_top1) continue;
       ++outcomes_;
       // An item of GSM8K takes minutes: say how far its continuations are.

@@ -141,8 +141,7 @@ std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Model& m
   return model.tokenize(text, false, false);
 }
 
-std::vector<TokenId> text_chunk(const std::vector<TokenId>& all, int c, int L,
-                                const Model& model) {
+std::vector<TokenId> text_chunk(const std::vector<TokenId>& all, int c, int L, const Model& model) {
   std::vector<TokenId> chunk(all.begin() + static_cast<std::ptrdiff_t>(c) * L,
                              all.begin() + static_cast<std::ptrdiff_t>(c + 1) * L);
   if (model.adds_bos()) chunk[0] = model.bos();
