@@ -1,7 +1,8 @@
 // The report of `tandem eval` over a task's runs (docs/eval.md): each run's summary with its
 // statistics (accuracy and its 95% interval, paired McNemar tests against local and cloud, the
 // gap recovered and the oracle at the run's own cloud share), results.md, and the plots drawn
-// by gnuplot. The summaries land in results.json as the CLI writes it.
+// by gnuplot; and the report of eval --task wikitext. The summaries land in results.json as the
+// CLI writes it.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +58,12 @@ void write_results_markdown(const std::string& out_dir, const ReportTask& task,
 // latency.png (time per answer) through gnuplot, with their .dat files and plots.gp; a warning
 // on stderr when gnuplot fails.
 void plot_results(const std::string& out_dir, const nlohmann::json& results);
+
+// eval --task wikitext: out_dir/results.md, and loglik.dat, loglik.gp and (plots: through
+// gnuplot) loglik.png, the gap recovered against cloud share with one line per policy (in
+// `policies`' order) under the oracle's, from the results it wrote to results.json.
+void write_loglik_report(const std::string& out_dir, const nlohmann::json& results,
+                         const std::vector<std::string>& policies, bool plots);
 
 // Runs `gnuplot 'SCRIPT'` (stderr with stdout); false when it fails. `output`: what it printed.
 bool run_gnuplot(const std::string& script, std::string& output);

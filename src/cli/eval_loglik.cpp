@@ -22,44 +22,10 @@
 #include "tandem/router_tools.h"
 
 namespace tandem::cli {
-namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 using namespace tandem::eval;
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
-// The realised share over every run of kShareWindow consecutive decisions, which the target-rate
-// controller is to hold within one point of its rate.
-constexpr size_t kShareWindow = 256;
-struct WindowShares {
-  double within_1pt = 0;     // fraction of the windows within ±0.01 of the rate
-  double max_deviation = 0;  // the largest |window share - rate|
-};
-WindowShares window_shares(const std::vector<bool>& flags, double rate, size_t window) {
-  WindowShares w;
-  if (flags.size() < window) return w;
-  size_t cloud = 0, n = 0, within = 0;
-  for (size_t i = 0; i < window; ++i) cloud += flags[i];
-  for (size_t end = window;; ++end) {
-    const double dev = std::abs(static_cast<double>(cloud) / window - rate);
-    w.max_deviation = std::max(w.max_deviation, dev);
-    within += dev <= 0.01 + 1e-9;
-    ++n;
-    if (end == flags.size()) break;
-    cloud += flags[end];
-    cloud -= flags[end - window];
-  }
-  w.within_1pt = static_cast<double>(within) / n;
-  return w;
-}
-
-}  // namespace
 
 int run_wikitext_eval(const WikitextEvalOptions& o) {
   if (o.api == "llamacpp") {
@@ -220,67 +186,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
 
   fs::create_directories(o.out_dir);
   std::ofstream(fs::path(o.out_dir) / "results.json") << results.dump(1) << "\n";
-  std::ofstream md(fs::path(o.out_dir) / "results.md");
-  md << "# WikiText-2: teacher-forced log-likelihood under routing\n\nCommand: `" << o.command
-     << "`\n\n"
-     << n_chunks << " chunks of " << L << " tokens, " << positions.size()
-     << " scored positions. Edge NLL " << fmt("%.4f", nll_edge) << " (PPL "
-     << fmt("%.2f", std::exp(nll_edge)) << "), cloud NLL " << fmt("%.4f", nll_cloud) << " (PPL "
-     << fmt("%.2f", std::exp(nll_cloud)) << "): a gap of " << fmt("%.3f", nll_edge - nll_cloud)
-     << " nats per token.\n\n"
-     << "| policy | target share | realised share | windows of " << kShareWindow
-     << " within ±1 point (largest miss) | NLL | gap recovered | with a hindsight "
-        "threshold | oracle at the same share | of the oracle "
-        "|\n|---|---|---|---|---|---|---|---|---|\n";
-  for (const auto& r : rows) {
-    md << "| " << r["policy"].get<std::string>() << " | "
-       << fmt("%.0f%%", 100 * r["target"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["share"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["windows_within_1pt"].get<double>())
-       << fmt(" (%.1f)", 100 * r["max_window_deviation"].get<double>()) << " | "
-       << fmt("%.4f", r["nll"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["gap_recovered"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["hindsight_threshold_gap_recovered"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["oracle_gap_recovered"].get<double>()) << " | "
-       << fmt("%.0f%%", 100 * r["of_oracle"].get<double>()) << " |\n";
-  }
-  // Gap recovered against share: one line per policy, the oracle above them.
-  {
-    std::ofstream dat(fs::path(o.out_dir) / "loglik.dat");
-    for (const auto& c : curve)
-      dat << "oracle " << 100 * c["share"].get<double>() << " "
-          << 100 * c["gap_recovered"].get<double>() << "\n";
-    for (const auto& p : policies) {
-      dat << "\n\n";
-      for (const auto& r : rows) {
-        if (r["policy"] == p)
-          dat << p << " " << 100 * r["share"].get<double>() << " "
-              << 100 * r["gap_recovered"].get<double>() << "\n";
-      }
-    }
-    std::ofstream gp(fs::path(o.out_dir) / "loglik.gp");
-    const std::string dat_path = (fs::path(o.out_dir) / "loglik.dat").string();
-    gp << "set terminal pngcairo size 900,600 font 'sans,11'\nset output '"
-       << (fs::path(o.out_dir) / "loglik.png").string()
-       << "'\nset title 'WikiText-2: edge-to-cloud NLL gap recovered against cloud share'\n"
-          "set xlabel 'cloud share of tokens (%)'\nset ylabel 'gap recovered (%)'\nset grid\n"
-          "set key top left\nset yrange [0:*]\n"
-          "plot '"
-       << dat_path
-       << "' index 0 using 2:3 with linespoints title 'oracle' lw 2, "
-          "'' index 1 using 2:3 with linespoints title 'confidence', "
-          "'' index 2 using 2:3 with linespoints title 'entropy', "
-          "'' index 3 using 2:3 with linespoints title 'margin'"
-       << (o.router.empty() ? "" : ", '' index 4 using 2:3 with linespoints title 'mlp' lw 2")
-       << "\n";
-  }
-  if (o.plots) {
-    // gnuplot's own words go to stdout, as they always have.
-    std::string said;
-    const bool drawn = run_gnuplot((fs::path(o.out_dir) / "loglik.gp").string(), said);
-    std::fputs(said.c_str(), stdout);
-    if (!drawn) std::fprintf(stderr, "warning: gnuplot failed\n");
-  }
+  write_loglik_report(o.out_dir, results, policies, o.plots);
   std::fprintf(stderr, "edge NLL %.4f, cloud NLL %.4f, gap %.3f nats; results in %s\n", nll_edge,
                nll_cloud, nll_edge - nll_cloud, o.out_dir.c_str());
   if (o.json) std::printf("%s\n", results.dump(1).c_str());

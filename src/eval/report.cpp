@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "eval/loglik.h"
 #include "eval/stats.h"
 #include "tandem/eval_report.h"
 
@@ -152,6 +153,17 @@ void add_gap(const ReportTask& task, const RunRecords& by_run, json& table, json
   add_oracle(task, by_run, acc_local, acc_cloud, table, results);
 }
 
+// A paired comparison's cell, "+BETTER/−WORSE (P)", or "–" where the row has none.
+std::string paired_cell(const json& row, const char* key) {
+  if (!row.contains(key)) return "–";
+  const json& p = row[key];
+  std::string cell = "+";
+  cell += std::to_string(p["better"].get<int64_t>());
+  cell += "/−" + std::to_string(p["worse"].get<int64_t>());
+  cell += " (" + fmt("%.3g", p["mcnemar_p"].get<double>()) + ")";
+  return cell;
+}
+
 }  // namespace
 
 void summarize_runs(const std::vector<ReportRun>& runs, const ReportTask& task,
@@ -195,13 +207,8 @@ void write_results_markdown(const std::string& out_dir, const ReportTask& task,
        << fmt("%.1f", 100 * r["ci95"][1].get<double>()) << " | " << pct(r, "cloud_share", "%.1f%%")
        << " | " << fmt("%.2f", r["route_events"].get<double>() / n) << " | " << recovered << " | "
        << oracle << " | " << pct(r, "share_of_oracle", "%.0f%%") << " | "
-       << pct(r, "agreement_with_cloud", "%.1f%%") << " | "
-       << (r.contains("vs_local")
-               ? "+" + std::to_string(r["vs_local"]["better"].get<int64_t>()) + "/−" +
-                     std::to_string(r["vs_local"]["worse"].get<int64_t>()) + " (" +
-                     fmt("%.3g", r["vs_local"]["mcnemar_p"].get<double>()) + ")"
-               : "–")
-       << " | " << fmt("%.1f", r["bytes_up"].get<double>() / 1024 / n) << " / "
+       << pct(r, "agreement_with_cloud", "%.1f%%") << " | " << paired_cell(r, "vs_local") << " | "
+       << fmt("%.1f", r["bytes_up"].get<double>() / 1024 / n) << " / "
        << fmt("%.1f", r["bytes_down"].get<double>() / 1024 / n) << " | "
        << fmt("%.0f", r["ms_per_answer"].get<double>()) << " |\n";
   }
@@ -281,6 +288,77 @@ bool run_gnuplot(const std::string& script, std::string& output) {
     while (fgets(buf, sizeof buf, p)) output += buf;
   }
   return (p ? pclose(p) : -1) == 0;
+}
+
+void write_loglik_report(const std::string& out_dir, const json& results,
+                         const std::vector<std::string>& policies, bool plots) {
+  const json& rows = results["routes"];
+  const json& curve = results["oracle_curve"];
+  const double nll_edge = results["edge"]["nll"].get<double>();
+  const double nll_cloud = results["cloud"]["nll"].get<double>();
+  std::ofstream md(fs::path(out_dir) / "results.md");
+  md << "# WikiText-2: teacher-forced log-likelihood under routing\n\nCommand: `"
+     << results["command"].get<std::string>() << "`\n\n"
+     << results["chunks"].get<int>() << " chunks of " << results["chunk_tokens"].get<int>()
+     << " tokens, " << results["scored_positions"].get<size_t>() << " scored positions. Edge NLL "
+     << fmt("%.4f", nll_edge) << " (PPL " << fmt("%.2f", std::exp(nll_edge)) << "), cloud NLL "
+     << fmt("%.4f", nll_cloud) << " (PPL " << fmt("%.2f", std::exp(nll_cloud)) << "): a gap of "
+     << fmt("%.3f", nll_edge - nll_cloud) << " nats per token.\n\n"
+     << "| policy | target share | realised share | windows of " << kShareWindow
+     << " within ±1 point (largest miss) | NLL | gap recovered | with a hindsight "
+        "threshold | oracle at the same share | of the oracle "
+        "|\n|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : rows) {
+    md << "| " << r["policy"].get<std::string>() << " | "
+       << fmt("%.0f%%", 100 * r["target"].get<double>()) << " | "
+       << fmt("%.1f%%", 100 * r["share"].get<double>()) << " | "
+       << fmt("%.1f%%", 100 * r["windows_within_1pt"].get<double>())
+       << fmt(" (%.1f)", 100 * r["max_window_deviation"].get<double>()) << " | "
+       << fmt("%.4f", r["nll"].get<double>()) << " | "
+       << fmt("%.1f%%", 100 * r["gap_recovered"].get<double>()) << " | "
+       << fmt("%.1f%%", 100 * r["hindsight_threshold_gap_recovered"].get<double>()) << " | "
+       << fmt("%.1f%%", 100 * r["oracle_gap_recovered"].get<double>()) << " | "
+       << fmt("%.0f%%", 100 * r["of_oracle"].get<double>()) << " |\n";
+  }
+  // Gap recovered against share: one line per policy, the oracle above them.
+  {
+    std::ofstream dat(fs::path(out_dir) / "loglik.dat");
+    for (const auto& c : curve)
+      dat << "oracle " << 100 * c["share"].get<double>() << " "
+          << 100 * c["gap_recovered"].get<double>() << "\n";
+    for (const auto& p : policies) {
+      dat << "\n\n";
+      for (const auto& r : rows) {
+        if (r["policy"] == p)
+          dat << p << " " << 100 * r["share"].get<double>() << " "
+              << 100 * r["gap_recovered"].get<double>() << "\n";
+      }
+    }
+    std::ofstream gp(fs::path(out_dir) / "loglik.gp");
+    const std::string dat_path = (fs::path(out_dir) / "loglik.dat").string();
+    gp << "set terminal pngcairo size 900,600 font 'sans,11'\nset output '"
+       << (fs::path(out_dir) / "loglik.png").string()
+       << "'\nset title 'WikiText-2: edge-to-cloud NLL gap recovered against cloud share'\n"
+          "set xlabel 'cloud share of tokens (%)'\nset ylabel 'gap recovered (%)'\nset grid\n"
+          "set key top left\nset yrange [0:*]\n"
+          "plot '"
+       << dat_path
+       << "' index 0 using 2:3 with linespoints title 'oracle' lw 2, "
+          "'' index 1 using 2:3 with linespoints title 'confidence', "
+          "'' index 2 using 2:3 with linespoints title 'entropy', "
+          "'' index 3 using 2:3 with linespoints title 'margin'"
+       << (results["router"].get<std::string>().empty()
+               ? ""
+               : ", '' index 4 using 2:3 with linespoints title 'mlp' lw 2")
+       << "\n";
+  }
+  if (plots) {
+    // gnuplot's own words go to stdout, as they always have.
+    std::string said;
+    const bool drawn = run_gnuplot((fs::path(out_dir) / "loglik.gp").string(), said);
+    std::fputs(said.c_str(), stdout);
+    if (!drawn) std::fprintf(stderr, "warning: gnuplot failed\n");
+  }
 }
 
 }  // namespace tandem::eval
