@@ -25,7 +25,6 @@
 #include "tandem/engine.h"
 #include "tandem/error.h"
 #include "tandem/eval_report.h"
-#include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
 namespace {
@@ -283,7 +282,6 @@ class EvalCommand : public Command {
     if (limit_ > 0 && static_cast<size_t>(limit_) < task.items.size()) task.items.resize(limit_);
     fs::create_directories(out_);
     auto model = Model::load(model_);
-    const Tokenizer& tok = model->tokenizer();
     cloud_.timeout_s = timeout_s_;
 
     json results;
@@ -296,7 +294,7 @@ class EvalCommand : public Command {
                        {"header", task.header}};
     results["edge"] = {{"path", model_},
                        {"name", model->info().name},
-                       {"vocab_hash", tok.fingerprint_hex()},
+                       {"vocab_hash", model->info().vocab_hash},
                        {"file_bytes", model->info().file_bytes}};
     results["cloud"] = {{"url", cloud_.url}, {"api", cloud_.api}, {"rtt_ms_added", rtt_ms_}};
     for (const std::string& arg : router_files_) {
@@ -418,7 +416,6 @@ class EvalCommand : public Command {
       results["cloud"]["model"] = cloud_line;
     }
     std::ofstream out(log, std::ios::app);
-    const Tokenizer& tok = model.tokenizer();
     const bool tty = stderr_is_tty();
     const auto t0 = std::chrono::steady_clock::now();
     size_t n_done = 0, correct = 0, tokens = 0, cloud = 0;
@@ -429,7 +426,7 @@ class EvalCommand : public Command {
     }
     for (const Item& item : task.items) {
       if (done.count(item.id)) continue;
-      const auto ids = tok.encode(item_prompt(task, item), true, false);
+      const auto ids = model.tokenize(item_prompt(task, item), true, false);
       std::string text, error;
       // Per token: where its text starts in the output, and whether the cloud chose it.
       std::vector<std::pair<size_t, bool>> token_starts;

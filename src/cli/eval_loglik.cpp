@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/eval_loglik.h"
-#include "eval/loglik.h"
 #include "tandem/client.h"
 #include "tandem/cloud_rows.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
+#include "tandem/eval_loglik.h"
 #include "tandem/eval_report.h"
 #include "tandem/router.h"
 #include "tandem/router_tools.h"

@@ -1,4 +1,4 @@
-#include "eval/loglik.h"
+#include "tandem/eval_loglik.h"
 
 #include <algorithm>
 #include <cmath>

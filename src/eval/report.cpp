@@ -6,8 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "eval/loglik.h"
 #include "eval/stats.h"
+#include "tandem/eval_loglik.h"
 #include "tandem/eval_report.h"
 
 namespace tandem::eval {
