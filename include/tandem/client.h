@@ -267,9 +267,6 @@ class EdgeDecoder {
   double local_ms_ = 0;
 };
 
-// The router's signal from a logits row: softmax, top-k probabilities, entropy, margin.
-RouterSignal router_signal_from_logits(std::span<const float> logits, int position, int top_k);
-
 // What a trained router's file says about itself.
 struct TrainedRouterInfo {
   std::string label;          // what it learned to predict (`router train --label`)

@@ -29,6 +29,10 @@ struct RouterSignal {
   std::span<const float> hidden;  // final hidden state [n_embd], optional (empty when absent)
 };
 
+// The router's signal from a small model's logits row (softmax, top-k probabilities with k at
+// least 2, entropy, margin), through the kernels' logits maths (tandem/vector_ops.h).
+RouterSignal router_signal_from_logits(std::span<const float> logits, int position, int top_k);
+
 enum class RouterPolicy { Confidence, Entropy, Margin, Random, Always, Never, Mlp };
 
 class MlpRouterModel;  // a trained router (tandem/router_mlp.h)

@@ -18,14 +18,13 @@
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
 #include "cli/eval_loglik.h"
-#include "eval/stats.h"
 #include "eval/tasks.h"
 #include "net/delay_proxy.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
-#include "tokenizer/tokenizer.h"
+#include "tandem/eval_report.h"
 
 namespace tandem::cli {
 namespace {
@@ -66,18 +65,6 @@ std::pair<std::string, std::vector<double>> router_arg(const std::string& arg) {
   if (rates.empty()) return {arg, {}};
   return {arg.substr(0, at), rates};
 }
-
-struct ItemRecord {
-  std::string id;
-  bool correct = false;
-  std::string answer;  // "" when none could be extracted
-  // Answer tokens: a word task counts only the tokens that make up the answer word (the word
-  // rule, docs/eval.md), other tasks every token generated. `generated` counts every token.
-  int tokens = 0, cloud_tokens = 0, route_events = 0, fallbacks = 0;
-  int generated = 0, generated_cloud = 0;
-  uint64_t bytes_up = 0, bytes_down = 0;
-  double ms = 0;
-};
 
 std::string percent_name(double r) {
   char buf[32];
@@ -160,12 +147,6 @@ std::string machine_description() {
     }
   }
   return model + ", " + std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores";
-}
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
 }
 
 class EvalCommand : public Command {
@@ -257,7 +238,6 @@ class EvalCommand : public Command {
     if (limit_ > 0 && static_cast<size_t>(limit_) < task.items.size()) task.items.resize(limit_);
     fs::create_directories(out_);
     auto model = Model::load(edge_.model);
-    const Tokenizer& tok = model->tokenizer();
 
     json results;
     results["command"] = invocation();
@@ -269,7 +249,7 @@ class EvalCommand : public Command {
                        {"header", task.header}};
     results["edge"] = {{"path", edge_.model},
                        {"name", model->info().name},
-                       {"vocab_hash", tok.fingerprint_hex()},
+                       {"vocab_hash", model->info().vocab_hash},
                        {"file_bytes", model->info().file_bytes}};
     results["cloud"] = {
         {"url", cloud_.options.url}, {"api", cloud_.options.api}, {"rtt_ms_added", rtt_ms_}};
@@ -287,11 +267,11 @@ class EvalCommand : public Command {
     }
     results["machine"] = machine_description();
 
-    std::map<std::string, std::map<std::string, ItemRecord>> by_run;
+    RunRecords by_run;
     for (const RunSpec& spec : runs) {
       by_run[spec.name] = run_one(spec, task, *model, results);
     }
-    summarize(runs, task, by_run, results);
+    report(runs, task, by_run, results);
     std::ofstream(fs::path(out_) / "results.json") << results.dump(1) << "\n";
     if (json_) std::printf("%s\n", results.dump(1).c_str());
     return 0;
@@ -446,7 +426,6 @@ class EvalCommand : public Command {
       results["cloud"]["model"] = cloud_line;
     }
     std::ofstream out(log, std::ios::app);
-    const Tokenizer& tok = model.tokenizer();
     const bool tty = stderr_is_tty();
     const auto t0 = std::chrono::steady_clock::now();
     size_t n_done = 0, correct = 0, tokens = 0, cloud = 0;
@@ -457,7 +436,7 @@ class EvalCommand : public Command {
     }
     for (const Item& item : task.items) {
       if (done.count(item.id)) continue;
-      const auto ids = tok.encode(item_prompt(task, item), true, false);
+      const auto ids = model.tokenize(item_prompt(task, item), true, false);
       std::string text, error;
       // Per token: where its text starts in the output, and whether the cloud chose it.
       std::vector<std::pair<size_t, bool>> token_starts;
@@ -538,254 +517,17 @@ class EvalCommand : public Command {
     std::fflush(stderr);
   }
 
-  void summarize(const std::vector<RunSpec>& runs, const Task& task,
-                 const std::map<std::string, std::map<std::string, ItemRecord>>& by_run,
-                 json& results) {
-    auto correctness = [&](const std::string& run) {
-      std::vector<bool> v;
-      for (const Item& it : task.items) v.push_back(by_run.at(run).at(it.id).correct);
-      return v;
-    };
-    const bool have_local = by_run.count("local") > 0, have_cloud = by_run.count("cloud") > 0;
-    double acc_local = 0, acc_cloud = 0;
-    json table = json::array();
-    for (const RunSpec& spec : runs) {
-      const auto& recs = by_run.at(spec.name);
-      int64_t n = 0, k = 0, tokens = 0, cloud = 0, events = 0, fallbacks = 0, agree = 0;
-      int64_t generated = 0, generated_cloud = 0;
-      uint64_t up = 0, down = 0;
-      double ms = 0;
-      for (const Item& it : task.items) {
-        const ItemRecord& r = recs.at(it.id);
-        ++n;
-        k += r.correct;
-        tokens += r.tokens;
-        cloud += r.cloud_tokens;
-        generated += r.generated;
-        generated_cloud += r.generated_cloud;
-        events += r.route_events;
-        fallbacks += r.fallbacks;
-        up += r.bytes_up;
-        down += r.bytes_down;
-        ms += r.ms;
-        if (have_cloud) agree += r.answer == by_run.at("cloud").at(it.id).answer;
-      }
-      const double acc = n ? static_cast<double>(k) / n : 0;
-      if (spec.name == "local") acc_local = acc;
-      if (spec.name == "cloud") acc_cloud = acc;
-      const Interval ci = wilson_interval(k, n);
-      json row = {{"run", spec.name},
-                  {"mode", edge_mode_name(spec.mode)},
-                  {"target_rate", spec.target_rate ? json(*spec.target_rate) : json(nullptr)},
-                  {"items", n},
-                  {"correct", k},
-                  {"accuracy", acc},
-                  {"ci95", {ci.low, ci.high}},
-                  {"cloud_share", tokens ? static_cast<double>(cloud) / tokens : 0.0},
-                  {"answer_tokens", tokens},
-                  {"cloud_tokens", cloud},
-                  {"generated_tokens", generated},
-                  {"cloud_share_of_generated",
-                   generated ? static_cast<double>(generated_cloud) / generated : 0.0},
-                  {"route_events", events},
-                  {"fallbacks", fallbacks},
-                  {"bytes_up", up},
-                  {"bytes_down", down},
-                  {"ms_per_answer", n ? ms / n : 0.0},
-                  {"tok_s", ms > 0 ? 1000.0 * generated / ms : 0.0}};
-      if (have_cloud) row["agreement_with_cloud"] = n ? static_cast<double>(agree) / n : 0.0;
-      const auto mine = correctness(spec.name);
-      if (have_local && spec.name != "local") {
-        const Paired p = compare_paired(mine, correctness("local"));
-        row["vs_local"] = {{"better", p.only_a}, {"worse", p.only_b}, {"mcnemar_p", p.p}};
-      }
-      if (have_cloud && spec.name != "cloud") {
-        const Paired p = compare_paired(mine, correctness("cloud"));
-        row["vs_cloud"] = {{"better", p.only_a}, {"worse", p.only_b}, {"mcnemar_p", p.p}};
-      }
-      table.push_back(row);
-    }
-    if (have_local && have_cloud) {
-      const Paired gap = compare_paired(correctness("cloud"), correctness("local"));
-      results["gap"] = {{"local", acc_local},
-                        {"cloud", acc_cloud},
-                        {"mcnemar_p", gap.p},
-                        {"significant", gap.p < 0.05}};
-      for (auto& row : table) {
-        if (std::abs(acc_cloud - acc_local) > 1e-12) {
-          const GapRecovered g = gap_recovered(correctness(row["run"].get<std::string>()),
-                                               correctness("local"), correctness("cloud"));
-          row["gap_recovered"] = g.value;
-          row["gap_recovered_ci95"] = {g.ci95.low, g.ci95.high};
-        }
-      }
-      add_oracle(task, by_run, acc_local, acc_cloud, table, results);
-    }
-    results["runs"] = table;
-    write_markdown(task, results);
-    if (!no_plots_) plot(results);
-  }
-
-  // The oracle beside every row (docs/eval.md): at the row's own cloud share of answer tokens,
-  // route exactly the answers the cloud turns from wrong to right, cheapest first (an answer
-  // costs the tokens of the cloud's own answer). Also a curve of it for the plot.
-  static void add_oracle(const Task& task,
-                         const std::map<std::string, std::map<std::string, ItemRecord>>& by_run,
-                         double acc_local, double acc_cloud, json& table, json& results) {
-    const auto& local = by_run.at("local");
-    const auto& cloud = by_run.at("cloud");
-    std::vector<int64_t> costs;
-    int64_t local_tokens = 0;
-    for (const Item& it : task.items) {
-      const ItemRecord& l = local.at(it.id);
-      const ItemRecord& c = cloud.at(it.id);
-      local_tokens += l.tokens;
-      if (!l.correct && c.correct) costs.push_back(std::max(1, c.tokens));
-    }
-    const double n = static_cast<double>(task.items.size());
-    const double gap = acc_cloud - acc_local;
-    auto oracle_accuracy = [&](double share) {
-      return acc_local +
-             static_cast<double>(oracle_fixes(costs, share * static_cast<double>(local_tokens))) /
-                 n;
-    };
-    for (auto& row : table) {
-      if (row["mode"] == "local" || row["mode"] == "cloud") continue;
-      const double oracle = oracle_accuracy(row["cloud_share"].get<double>());
-      row["oracle_accuracy"] = oracle;
-      if (std::abs(gap) > 1e-12) {
-        row["oracle_gap_recovered"] = (oracle - acc_local) / gap;
-        if (oracle > acc_local + 1e-12) {
-          row["share_of_oracle"] =
-              (row["accuracy"].get<double>() - acc_local) / (oracle - acc_local);
-        }
-      }
-    }
-    json curve = json::array();
-    for (int pct = 0; pct <= 40; ++pct) {
-      curve.push_back({{"cloud_share", pct / 100.0}, {"accuracy", oracle_accuracy(pct / 100.0)}});
-    }
-    results["oracle"] = {
-        {"fixable_answers", costs.size()}, {"local_answer_tokens", local_tokens}, {"curve", curve}};
-  }
-
-  void write_markdown(const Task& task, const json& results) const {
-    std::ofstream md(fs::path(out_) / "results.md");
-    md << "# " << task.name << ": " << task.items.size() << " items, " << shots_ << " shots\n\n";
-    md << "Command: `" << results["command"].get<std::string>() << "`  \n";
-    md << "Edge: " << results["edge"]["name"].get<std::string>()
-       << "; cloud: " << results["cloud"].value("model", std::string("-"))
-       << "; machine: " << results["machine"].get<std::string>() << "\n\n";
-    md << "| run | accuracy | 95% CI | cloud share | round trips per answer | gap recovered "
-          "(95% CI) | oracle at that share | share of oracle | agreement with cloud | vs local "
-          "(McNemar p) | KiB up / down per answer | ms per answer |\n";
-    md << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    auto pct = [](const json& r, const char* key, const char* f) {
-      return r.contains(key) ? fmt(f, 100 * r[key].get<double>()) : std::string("–");
-    };
-    for (const auto& r : results["runs"]) {
-      const double n = std::max(1.0, r["items"].get<double>());
-      std::string recovered = pct(r, "gap_recovered", "%.0f%%");
-      if (r.contains("gap_recovered_ci95")) {
-        recovered += " (" + fmt("%.0f", 100 * r["gap_recovered_ci95"][0].get<double>()) + "–" +
-                     fmt("%.0f%%", 100 * r["gap_recovered_ci95"][1].get<double>()) + ")";
-      }
-      std::string oracle = "–";
-      if (r.contains("oracle_accuracy")) {
-        oracle = fmt("%.1f%%", 100 * r["oracle_accuracy"].get<double>()) + " (" +
-                 pct(r, "oracle_gap_recovered", "%.0f%%") + " of the gap)";
-      }
-      md << "| " << r["run"].get<std::string>() << " | " << pct(r, "accuracy", "%.1f%%") << " | "
-         << fmt("%.1f", 100 * r["ci95"][0].get<double>()) << "–"
-         << fmt("%.1f", 100 * r["ci95"][1].get<double>()) << " | "
-         << pct(r, "cloud_share", "%.1f%%") << " | "
-         << fmt("%.2f", r["route_events"].get<double>() / n) << " | " << recovered << " | "
-         << oracle << " | " << pct(r, "share_of_oracle", "%.0f%%") << " | "
-         << pct(r, "agreement_with_cloud", "%.1f%%") << " | "
-         << (r.contains("vs_local")
-                 ? "+" + std::to_string(r["vs_local"]["better"].get<int64_t>()) + "/−" +
-                       std::to_string(r["vs_local"]["worse"].get<int64_t>()) + " (" +
-                       fmt("%.3g", r["vs_local"]["mcnemar_p"].get<double>()) + ")"
-                 : "–")
-         << " | " << fmt("%.1f", r["bytes_up"].get<double>() / 1024 / n) << " / "
-         << fmt("%.1f", r["bytes_down"].get<double>() / 1024 / n) << " | "
-         << fmt("%.0f", r["ms_per_answer"].get<double>()) << " |\n";
-    }
-    if (task.kind == TaskKind::Word) {
-      md << "\nCloud share counts the answer word's tokens only (the word rule, docs/eval.md); "
-            "round trips and bytes count everything sent.\n";
-    }
-    if (results.contains("gap")) {
-      md << "\nLocal " << fmt("%.1f%%", 100 * results["gap"]["local"].get<double>()) << " vs cloud "
-         << fmt("%.1f%%", 100 * results["gap"]["cloud"].get<double>())
-         << ": McNemar p = " << fmt("%.3g", results["gap"]["mcnemar_p"].get<double>())
-         << (results["gap"]["significant"].get<bool>()
-                 ? ".\n"
-                 : " — the pair's accuracy gap is within noise on this task; a 'gap recovered' "
-                   "figure means nothing here.\n");
-    }
-  }
-
-  // Accuracy against cloud share (with 95% intervals), and time per answer, drawn by gnuplot.
-  void plot(const json& results) const {
-    const fs::path dir = out_;
-    {
-      std::ofstream dat(dir / "pareto.dat");
-      for (const auto& r : results["runs"]) {
-        dat << '"' << r["run"].get<std::string>() << "\" " << 100 * r["cloud_share"].get<double>()
-            << " " << 100 * r["accuracy"].get<double>() << " " << 100 * r["ci95"][0].get<double>()
-            << " " << 100 * r["ci95"][1].get<double>() << " " << r["ms_per_answer"].get<double>()
-            << "\n";
-      }
-    }
-    if (results.contains("oracle")) {
-      std::ofstream dat(dir / "oracle.dat");
-      for (const auto& p : results["oracle"]["curve"]) {
-        dat << 100 * p["cloud_share"].get<double>() << " " << 100 * p["accuracy"].get<double>()
-            << "\n";
-      }
-    }
-    std::ofstream gp(dir / "plots.gp");
-    gp << "set terminal pngcairo size 900,600 font 'sans,11'\n"
-          "set datafile separator ' '\n"
-          "set output '"
-       << (dir / "pareto.png").string()
-       << "'\n"
-          "set title 'Accuracy against cloud share ("
-       << results["task"]["name"].get<std::string>()
-       << ")'\n"
-          "set xlabel 'cloud share of tokens (%)'\nset ylabel 'accuracy (%), 95% CI'\nset grid\n"
-          "set key top left\nset xrange [-5:105]\nset yrange [0:*]\n"
-          "plot '"
-       << (dir / "pareto.dat").string()
-       << "' using 2:3:4:5 with yerrorbars pt 7 ps 1.2 lc rgb '#1f77b4' notitle, "
-          "'' using 2:3:1 with labels offset 1,1 left font ',9' notitle"
-       << (results.contains("oracle")
-               ? ", '" + (dir / "oracle.dat").string() +
-                     "' using 1:2 with lines dt 2 lc rgb '#2ca02c' title 'oracle'"
-               : std::string())
-       << "\n"
-          "set output '"
-       << (dir / "latency.png").string()
-       << "'\n"
-          "set title 'Time per answer'\nset ylabel 'ms per answer'\nset xlabel ''\n"
-          "set style fill solid 0.6\nset boxwidth 0.6\nset xrange [*:*]\nset yrange [0:*]\n"
-          "set xtics rotate by -30\n"
-          "plot '"
-       << (dir / "pareto.dat").string() << "' using 0:6:xtic(1) with boxes lc rgb '#ff7f0e'\n";
-    gp.close();
-    const std::string cmd = "gnuplot '" + (dir / "plots.gp").string() + "' 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    if (p) {
-      char buf[256];
-      while (fgets(buf, sizeof buf, p)) out += buf;
-    }
-    const int rc = p ? pclose(p) : -1;
-    if (rc != 0) {
-      std::fprintf(stderr, "warning: gnuplot failed (is gnuplot-nox installed?): %s\n",
-                   out.c_str());
-    }
+  // results.json's run summaries, results.md and the plots (tandem/eval_report.h).
+  void report(const std::vector<RunSpec>& runs, const Task& task, const RunRecords& by_run,
+              json& results) const {
+    std::vector<ReportRun> rows;
+    for (const RunSpec& spec : runs)
+      rows.push_back({spec.name, edge_mode_name(spec.mode), spec.target_rate});
+    ReportTask t{task.name, {}, shots_, task.kind == TaskKind::Word};
+    for (const Item& it : task.items) t.item_ids.push_back(it.id);
+    summarize_runs(rows, t, by_run, results);
+    write_results_markdown(out_, t, results);
+    if (!no_plots_) plot_results(out_, results);
   }
 
   CloudFlags cloud_;

@@ -12,54 +12,20 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/eval_loglik.h"
-#include "cli/teacher_forced.h"
-#include "eval/loglik.h"
-#include "net/http_client.h"
 #include "tandem/client.h"
+#include "tandem/cloud_rows.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
+#include "tandem/eval_loglik.h"
+#include "tandem/eval_report.h"
 #include "tandem/router.h"
-#include "tokenizer/tokenizer.h"
+#include "tandem/router_tools.h"
 
 namespace tandem::cli {
-namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 using namespace tandem::eval;
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
-// The realised share over every run of kShareWindow consecutive decisions, which the target-rate
-// controller is to hold within one point of its rate.
-constexpr size_t kShareWindow = 256;
-struct WindowShares {
-  double within_1pt = 0;     // fraction of the windows within ±0.01 of the rate
-  double max_deviation = 0;  // the largest |window share - rate|
-};
-WindowShares window_shares(const std::vector<bool>& flags, double rate, size_t window) {
-  WindowShares w;
-  if (flags.size() < window) return w;
-  size_t cloud = 0, n = 0, within = 0;
-  for (size_t i = 0; i < window; ++i) cloud += flags[i];
-  for (size_t end = window;; ++end) {
-    const double dev = std::abs(static_cast<double>(cloud) / window - rate);
-    w.max_deviation = std::max(w.max_deviation, dev);
-    within += dev <= 0.01 + 1e-9;
-    ++n;
-    if (end == flags.size()) break;
-    cloud += flags[end];
-    cloud -= flags[end - window];
-  }
-  w.within_1pt = static_cast<double>(within) / n;
-  return w;
-}
-
-}  // namespace
 
 int run_wikitext_eval(const WikitextEvalOptions& o) {
   if (o.api == "llamacpp") {
@@ -73,25 +39,27 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   }
   const std::string path = o.data_dir + "/wikitext-2/" + o.split + ".txt";
   auto edge = Model::load(o.edge_model);
-  const Tokenizer& tok = edge->tokenizer();
   std::unique_ptr<Model> cloud_local;
-  std::unique_ptr<net::HttpClient> http;
+  std::unique_ptr<HttpCloudRows> http;
   if (!o.cloud_model.empty()) {
     cloud_local = Model::load(o.cloud_model);
-    if (cloud_local->tokenizer().fingerprint() != tok.fingerprint()) {
+    if (cloud_local->info().vocab_hash != edge->info().vocab_hash) {
       throw Error("--cloud-model " + o.cloud_model + " has another vocabulary than " +
                   o.edge_model);
     }
   } else {
-    net::HttpOptions ho;
-    ho.api_key = o.api_key;
-    ho.insecure = o.insecure;
-    ho.ca_file = o.ca_file;
-    http = std::make_unique<net::HttpClient>(net::parse_url(o.cloud_url), ho);
+    CloudOptions co;
+    co.url = o.cloud_url;
+    co.api = o.api;
+    co.api_key = o.api_key;
+    co.insecure = o.insecure;
+    co.ca_file = o.ca_file;
+    co.timeout_s = o.timeout_s;
+    http = std::make_unique<HttpCloudRows>(co);
   }
 
   const int L = o.chunk_tokens;
-  const std::vector<TokenId> all = wikitext_tokens(o.data_dir, tok, o.split);
+  const std::vector<TokenId> all = wikitext_tokens(o.data_dir, *edge, o.split);
   const int total_chunks = static_cast<int>(all.size() / L);
   const int n_chunks = std::min<int>(o.chunks, total_chunks - o.chunk_offset);
   if (n_chunks < 1) {
@@ -136,7 +104,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   for (const auto& p : policies) scorers.emplace_back(config_for(p, 0).router);
   const bool want_hidden = !o.router.empty();
   for (int c = 0; c < n_chunks; ++c) {
-    const std::vector<TokenId> chunk = text_chunk(all, o.chunk_offset + c, L, tok);
+    const std::vector<TokenId> chunk = text_chunk(all, o.chunk_offset + c, L, *edge);
     const size_t base = positions.size();
     run_chunk(edge_ctx, chunk, first_scored, want_hidden,
               [&](int i, std::span<const float> logits, std::span<const float> hidden) {
@@ -157,7 +125,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
                   cloud_lp.push_back(log_prob(logits, chunk[i + 1]));
                 });
     } else {
-      for (const CloudRow& r : cloud_rows_http(*http, o.api, chunk, first_scored, 0, o.timeout_s))
+      for (const CloudRow& r : http->rows(chunk, first_scored, 0))
         cloud_lp.push_back(r.true_logprob);
     }
     for (size_t i = 0; i < cloud_lp.size(); ++i) positions[base + i].cloud_logprob = cloud_lp[i];
@@ -219,64 +187,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
 
   fs::create_directories(o.out_dir);
   std::ofstream(fs::path(o.out_dir) / "results.json") << results.dump(1) << "\n";
-  std::ofstream md(fs::path(o.out_dir) / "results.md");
-  md << "# WikiText-2: teacher-forced log-likelihood under routing\n\nCommand: `" << o.command
-     << "`\n\n"
-     << n_chunks << " chunks of " << L << " tokens, " << positions.size()
-     << " scored positions. Edge NLL " << fmt("%.4f", nll_edge) << " (PPL "
-     << fmt("%.2f", std::exp(nll_edge)) << "), cloud NLL " << fmt("%.4f", nll_cloud) << " (PPL "
-     << fmt("%.2f", std::exp(nll_cloud)) << "): a gap of " << fmt("%.3f", nll_edge - nll_cloud)
-     << " nats per token.\n\n"
-     << "| policy | target share | realised share | windows of " << kShareWindow
-     << " within ±1 point (largest miss) | NLL | gap recovered | with a hindsight "
-        "threshold | oracle at the same share | of the oracle "
-        "|\n|---|---|---|---|---|---|---|---|---|\n";
-  for (const auto& r : rows) {
-    md << "| " << r["policy"].get<std::string>() << " | "
-       << fmt("%.0f%%", 100 * r["target"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["share"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["windows_within_1pt"].get<double>())
-       << fmt(" (%.1f)", 100 * r["max_window_deviation"].get<double>()) << " | "
-       << fmt("%.4f", r["nll"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["gap_recovered"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["hindsight_threshold_gap_recovered"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["oracle_gap_recovered"].get<double>()) << " | "
-       << fmt("%.0f%%", 100 * r["of_oracle"].get<double>()) << " |\n";
-  }
-  // Gap recovered against share: one line per policy, the oracle above them.
-  {
-    std::ofstream dat(fs::path(o.out_dir) / "loglik.dat");
-    for (const auto& c : curve)
-      dat << "oracle " << 100 * c["share"].get<double>() << " "
-          << 100 * c["gap_recovered"].get<double>() << "\n";
-    for (const auto& p : policies) {
-      dat << "\n\n";
-      for (const auto& r : rows) {
-        if (r["policy"] == p)
-          dat << p << " " << 100 * r["share"].get<double>() << " "
-              << 100 * r["gap_recovered"].get<double>() << "\n";
-      }
-    }
-    std::ofstream gp(fs::path(o.out_dir) / "loglik.gp");
-    const std::string dat_path = (fs::path(o.out_dir) / "loglik.dat").string();
-    gp << "set terminal pngcairo size 900,600 font 'sans,11'\nset output '"
-       << (fs::path(o.out_dir) / "loglik.png").string()
-       << "'\nset title 'WikiText-2: edge-to-cloud NLL gap recovered against cloud share'\n"
-          "set xlabel 'cloud share of tokens (%)'\nset ylabel 'gap recovered (%)'\nset grid\n"
-          "set key top left\nset yrange [0:*]\n"
-          "plot '"
-       << dat_path
-       << "' index 0 using 2:3 with linespoints title 'oracle' lw 2, "
-          "'' index 1 using 2:3 with linespoints title 'confidence', "
-          "'' index 2 using 2:3 with linespoints title 'entropy', "
-          "'' index 3 using 2:3 with linespoints title 'margin'"
-       << (o.router.empty() ? "" : ", '' index 4 using 2:3 with linespoints title 'mlp' lw 2")
-       << "\n";
-  }
-  if (o.plots) {
-    const std::string cmd = "gnuplot '" + (fs::path(o.out_dir) / "loglik.gp").string() + "' 2>&1";
-    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "warning: gnuplot failed\n");
-  }
+  write_loglik_report(o.out_dir, results, policies, o.plots);
   std::fprintf(stderr, "edge NLL %.4f, cloud NLL %.4f, gap %.3f nats; results in %s\n", nll_edge,
                nll_cloud, nll_edge - nll_cloud, o.out_dir.c_str());
   if (o.json) std::printf("%s\n", results.dump(1).c_str());

@@ -8,17 +8,15 @@
 
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
-#include "cli/teacher_forced.h"
-#include "common/splitmix.h"
 #include "eval/tasks.h"
-#include "net/http_client.h"
 #include "router/router_file.h"
 #include "router/trace.h"
 #include "router/train.h"
-#include "tandem/client.h"
+#include "tandem/cloud_rows.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
-#include "tandem/vector_ops.h"
+#include "tandem/router.h"
+#include "tandem/router_tools.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
@@ -29,13 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-std::string hms(double s) {
-  char buf[32];
-  const long t = std::lround(std::max(0.0, s));
-  std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  return buf;
 }
 
 class RouterCollect {
@@ -107,274 +98,137 @@ class RouterCollect {
     if (cloud_model_.empty() == cloud_url_.empty())
       throw Error("router collect: give the cloud as --cloud-model FILE or --cloud URL (one)");
     auto edge = Model::load(model_);
-    const Tokenizer& tok = edge->tokenizer();
     std::unique_ptr<Model> cloud;
-    std::unique_ptr<net::HttpClient> http;
+    std::unique_ptr<HttpCloudRows> http;
     if (!cloud_model_.empty()) {
       cloud = Model::load(cloud_model_);
-      if (cloud->tokenizer().fingerprint() != tok.fingerprint()) {
+      if (cloud->info().vocab_hash != edge->info().vocab_hash) {
         throw Error("--cloud-model " + cloud_model_ + " has another vocabulary (hash " +
-                    cloud->tokenizer().fingerprint_hex() + ") than " + model_ + " (hash " +
-                    tok.fingerprint_hex() + ")");
+                    cloud->info().vocab_hash + ") than " + model_ + " (hash " +
+                    edge->info().vocab_hash + ")");
       }
     } else {
       // Every collection asks for the cloud's top-n per position (and the outcome label for its
       // continuations) through /v1/completions: say so before any work.
-      if (api_ == "sglang") {
-        throw Error(
-            "router collect: the cloud's top tokens and continuations come from --cloud-api "
-            "tandem|openai (/v1/completions) or --cloud-model, not sglang");
-      }
-      net::HttpOptions ho;
-      ho.api_key = api_key_;
-      http = std::make_unique<net::HttpClient>(net::parse_url(cloud_url_), ho);
+      if (api_ == "sglang")
+        refuse_sglang("router collect: the cloud's top tokens and continuations",
+                      "/v1/completions");
+      CloudOptions co;
+      co.url = cloud_url_;
+      co.api = api_;
+      co.api_key = api_key_;
+      co.timeout_s = timeout_s_;
+      http = std::make_unique<HttpCloudRows>(co);
     }
-    // The sequences to trace: WikiText-2 chunks, or a task's items teacher-forced on their
-    // reference answers (few-shot prompt + " " + gold label + newline; positions recorded from
-    // the row that predicts the answer on).
-    struct Source {
-      uint64_t id;
-      std::vector<TokenId> tokens;
-      int first;            // first row recorded
-      int answer_from = 0;  // a task's item: where its answer starts
-    };
     // GSM8K (a numeric task): the outcome label judges each continuation's final answer.
     std::optional<eval::Task> numeric;
-    std::vector<Source> sources;
-    if (task_ == "wikitext" || task_ == "wikitext-valid") {
-      const int L = chunk_tokens_;
-      if (first_position_ >= L - 1)
-        throw Error("--first-position must be below --chunk-tokens - 1");
-      const std::vector<TokenId> all =
-          wikitext_tokens(data_, tok, task_ == "wikitext" ? "test" : "valid");
-      const int total = static_cast<int>(all.size() / L);
-      const int n_chunks = std::min(chunks_, total - chunk_offset_);
-      if (n_chunks < 1) {
-        throw Error("WikiText-2 " + std::string(task_ == "wikitext" ? "test" : "valid") + " has " +
-                    std::to_string(total) + " chunks of " + std::to_string(L) +
-                    " tokens; --chunk-offset " + std::to_string(chunk_offset_) + " leaves none");
-      }
-      for (int c = 0; c < n_chunks; ++c) {
-        const int id = chunk_offset_ + c;
-        sources.push_back(
-            {static_cast<uint64_t>(id), text_chunk(all, id, L, tok), first_position_});
-      }
-    } else {
-      const eval::Task task = eval::load_task(task_, data_, task_ == "lambada" ? 0 : shots_);
-      const bool is_numeric = task.kind == eval::TaskKind::Numeric;
-      if (is_numeric) numeric = task;
-      const int n_items =
-          std::min<int>(chunks_, static_cast<int>(task.items.size()) - chunk_offset_);
-      if (task.kind == eval::TaskKind::Word &&
-          chunk_offset_ + n_items > eval::kLambadaFirstReported) {
-        throw Error("router collect --task lambada: passages " +
-                    std::to_string(eval::kLambadaFirstReported) +
-                    " on are kept for reporting (docs/eval.md); --chunk-offset " +
-                    std::to_string(chunk_offset_) + " --chunks " + std::to_string(chunks_) +
-                    " reaches passage " + std::to_string(chunk_offset_ + n_items - 1));
-      }
-      if (n_items < 1) {
-        throw Error(task_ + " has " + std::to_string(task.items.size()) +
-                    " items; --chunk-offset " + std::to_string(chunk_offset_) + " leaves none");
-      }
-      for (int k = 0; k < n_items; ++k) {
-        const eval::Item& item = task.items[chunk_offset_ + k];
-        const std::string prompt = eval::item_prompt(task, item);
-        const int n_prompt = static_cast<int>(tok.encode(prompt, true, false).size());
-        // Multiple choice: " B\n"; GSM8K: the worked solution as the shots show theirs;
-        // LAMBADA: " word", the word's own tokens only.
-        const std::string answer = is_numeric ? " " + item.reference + "\n\n"
-                                   : task.kind == eval::TaskKind::Word ? " " + item.gold
-                                                                       : " " + item.gold + "\n";
-        std::vector<TokenId> ids = tok.encode(prompt + answer, true, false);
-        if (static_cast<int>(ids.size()) <= n_prompt)
-          throw Error(item.id + ": the answer added no tokens to the prompt");
-        sources.push_back(
-            {static_cast<uint64_t>(chunk_offset_ + k), std::move(ids), n_prompt - 1, n_prompt});
-      }
-    }
-    int max_len = 0;
-    for (const Source& src : sources)
-      max_len = std::max(max_len, static_cast<int>(src.tokens.size()));
-
-    router::TraceHeader header;
-    header.n_embd = static_cast<uint32_t>(edge->info().n_embd);
-    header.top_k = static_cast<uint32_t>(top_k_);
-    header.n_vocab = static_cast<uint32_t>(edge->info().n_vocab);
-    header.vocab_fingerprint = tok.fingerprint();
-    header.model_name = edge->info().name;
-    router::TraceWriter writer(out_, header, !overwrite_);
-    if (writer.n_present()) {
-      std::fprintf(stderr, "[collect] resuming %s: %zu sequences present%s\n", out_.c_str(),
-                   writer.n_present(),
-                   writer.cut_bytes() ? (", cut a half-written tail of " +
-                                         std::to_string(writer.cut_bytes()) + " bytes")
-                                            .c_str()
-                                      : "");
-    }
-
-    ContextParams cp;
-    cp.n_ctx = max_len;
-    cp.n_threads = threads_;
-    Context edge_ctx(*edge, cp);
-    std::unique_ptr<Context> cloud_ctx;
-    if (cloud) cloud_ctx = std::make_unique<Context>(*cloud, cp);
-    std::unique_ptr<OutcomeProbe> probe;
-    const int outcome_tokens = outcome_tokens_ > 0 ? outcome_tokens_
-                               : numeric           ? numeric->max_answer_tokens
-                                                   : 16;
-    if (outcome_share_ > 0 && numeric) {
-      // Only the edge continues (the cloud gives its top-1): room for a whole answer.
-      probe = std::make_unique<OutcomeProbe>(*edge, nullptr, max_len, outcome_tokens, threads_);
-    } else if (outcome_share_ > 0 && cloud) {
-      probe = std::make_unique<OutcomeProbe>(*edge, *cloud, max_len, outcome_tokens, threads_);
-    } else if (outcome_share_ > 0) {
-      auto remote = [&](const std::vector<TokenId>& prefix, int n) {
-        return cloud_continuation_http(*http, api_, prefix, n, timeout_s_);
+    const std::vector<TraceSource> sources = task_ == "wikitext" || task_ == "wikitext-valid"
+                                                 ? text_sources(*edge)
+                                                 : task_sources(*edge, numeric);
+    TraceCollection c;
+    c.out = out_;
+    c.resume = !overwrite_;
+    c.top_k = top_k_;
+    c.n_threads = threads_;
+    c.cloud_model = cloud.get();
+    c.outcome_share = outcome_share_;
+    c.outcome_tokens = outcome_tokens_ > 0 ? outcome_tokens_
+                       : numeric           ? numeric->max_answer_tokens
+                                           : 16;
+    if (http) {
+      c.cloud_rows = [&](const std::vector<TokenId>& chunk, int first) {
+        return http->rows(chunk, first, cloud_top_n_);
       };
-      probe = std::make_unique<OutcomeProbe>(*edge, remote, max_len, outcome_tokens, threads_);
-    }
-    size_t outcomes = 0;
-    // Rows per forward pass: each row's logits are n_vocab floats (1 MiB for Gemma's 262k).
-    constexpr int kMaxRows = 128;
-
-    const auto t0 = Clock::now();
-    int done = 0, todo = 0;
-    for (const Source& src : sources) todo += !writer.has(src.id);
-    size_t records = 0;
-    // The tokens each context holds from the sequence before: a task's items share their
-    // few-shot header, which is then prefilled once, not per item.
-    std::vector<TokenId> held;
-    for (const Source& src : sources) {
-      if (writer.has(src.id)) continue;
-      const std::vector<TokenId>& chunk = src.tokens;
-      const int L = static_cast<int>(chunk.size());
-      const int first = src.first;
-      router::TraceSequence seq;
-      seq.id = src.id;
-      // The edge's rows of one window as log-probabilities, [rows][n_vocab], kept until the
-      // cloud's rows of the same window give the KL divergence.
-      std::vector<float> edge_logp;
-      std::vector<CloudRow> http_rows;
-      if (http) {
-        http_rows = cloud_rows_http(*http, api_, chunk, first, cloud_top_n_, timeout_s_);
-      }
-      const int V = edge->info().n_vocab;
-      auto on_edge_row = [&](int i, std::span<const float> logits, std::span<const float> hidden) {
-        router::TraceRecord r;
-        r.position = i;
-        r.true_token = chunk[i + 1];
-        r.edge_top1 = argmax(logits);
-        const double lse = log_sum_exp(logits);
-        r.edge_lp_true = static_cast<float>(logits[chunk[i + 1]] - lse);
-        const RouterSignal s = router_signal_from_logits(logits, i, top_k_);
-        r.entropy = s.entropy;
-        r.margin = s.margin;
-        for (float p : s.top_probs) r.log_top.push_back(std::log(p));
-        r.hidden.assign(hidden.begin(), hidden.end());
-        if (!http_rows.empty()) {
-          // The cloud's answer for this row came first (one request per chunk).
-          const CloudRow& c = http_rows[i - first];
-          r.cloud_lp_true = c.true_logprob;
-          r.cloud_top1 = c.top.front().first;
-          r.cloud_lp_edge = c.top.back().second;
-          r.flags |= router::kCloudEdgeLogprobIsBound | router::kKlOverCloudTopN;
-          double kl = 0;
-          for (const auto& [tok_id, lp] : c.top) {
-            if (tok_id == r.edge_top1) {
-              r.cloud_lp_edge = lp;
-              r.flags &= ~router::kCloudEdgeLogprobIsBound;
-            }
-            kl += std::exp(static_cast<double>(lp)) * (lp - (logits[tok_id] - lse));
-          }
-          r.kl_cloud_edge = static_cast<float>(std::max(0.0, kl));
-          seq.records.push_back(std::move(r));
-          return;
-        }
-        seq.records.push_back(std::move(r));
-        const size_t at = edge_logp.size();
-        edge_logp.resize(at + V);
-        for (int v = 0; v < V; ++v) edge_logp[at + v] = static_cast<float>(logits[v] - lse);
+      c.cloud_continuation = [&](const std::vector<TokenId>& prefix, int n) {
+        return http->continuation(prefix, n);
       };
-      // Keep the prefix shared with the sequence before (never the row before `first`, whose
-      // logits are wanted).
-      int keep = 0;
-      while (keep < static_cast<int>(held.size()) && keep < L && held[keep] == chunk[keep]) ++keep;
-      keep = std::min(keep, first);
-      edge_ctx.truncate(0, std::min(keep, edge_ctx.seq_length(0)));
-      if (cloud_ctx) cloud_ctx->truncate(0, std::min(keep, cloud_ctx->seq_length(0)));
-      held = chunk;
-      if (cloud_ctx) {
-        // Both models advance one window at a time: rows of n_vocab floats stay bounded.
-        while (edge_ctx.seq_length(0) < L) {
-          const int end = std::min(L, std::max(edge_ctx.seq_length(0), first) + kMaxRows);
-          const size_t first_record = seq.records.size();
-          edge_logp.clear();
-          extend_chunk(edge_ctx, chunk, end, first, true, on_edge_row);
-          extend_chunk(*cloud_ctx, chunk, end, first, false,
-                       [&](int i, std::span<const float> logits, std::span<const float>) {
-                         router::TraceRecord& r = seq.records[i - first];
-                         const float* le = edge_logp.data() + (i - first - first_record) * V;
-                         const double lse = log_sum_exp(logits);
-                         r.cloud_top1 = argmax(logits);
-                         r.cloud_lp_edge = static_cast<float>(logits[r.edge_top1] - lse);
-                         r.cloud_lp_true = static_cast<float>(logits[chunk[i + 1]] - lse);
-                         double kl = 0;
-                         for (int v = 0; v < V; ++v) {
-                           const double lc = logits[v] - lse;
-                           kl += std::exp(lc) * (lc - le[v]);
-                         }
-                         r.kl_cloud_edge = static_cast<float>(std::max(0.0, kl));
-                       });
-        }
-      } else {
-        while (edge_ctx.seq_length(0) < L) {
-          const int end = std::min(L, std::max(edge_ctx.seq_length(0), first) + kMaxRows);
-          extend_chunk(edge_ctx, chunk, end, first, true, on_edge_row);
-        }
-      }
-      if (probe && chosen_for_outcome(seq.id)) {
-        OutcomeProbe::AnswerJudge judge;
-        if (numeric) {
-          const eval::Item& item = numeric->items[seq.id];
-          judge.answer_from = src.answer_from;
-          judge.max_tokens = outcome_tokens;
-          judge.tokenizer = &tok;
-          judge.complete = [](const std::string& a) {
-            return eval::answer_complete(eval::TaskKind::Numeric, a);
-          };
-          judge.correct = [&item](const std::string& a) {
-            const auto got = eval::extract_number(eval::cut_answer(eval::TaskKind::Numeric, a));
-            return got && *got == item.gold;
-          };
-        }
-        int divergent = 0, measured = 0;
-        for (const router::TraceRecord& r : seq.records) divergent += r.edge_top1 != r.cloud_top1;
-        for (router::TraceRecord& r : seq.records) {
-          r.outcome =
-              numeric ? probe->measure_answer(chunk, r.position, r.edge_top1, r.cloud_top1, judge)
-                      : probe->measure(chunk, r.position, r.edge_top1, r.cloud_top1);
-          if (r.edge_top1 == r.cloud_top1) continue;
-          ++outcomes;
-          // An item of GSM8K takes minutes: say how far its continuations are.
-          std::fprintf(stderr, "\r[collect] sequence %d/%d: outcome %d/%d   ", done + 1, todo,
-                       ++measured, divergent);
-        }
-      }
-      records += seq.records.size();
-      writer.append(seq);
-      ++done;
-      const double el = seconds_since(t0);
-      std::fprintf(stderr, "\r[collect] sequence %d/%d  %.2f s each  elapsed %s  ETA %s   ", done,
-                   todo, el / done, hms(el).c_str(), hms(el / done * (todo - done)).c_str());
     }
-    std::fprintf(stderr, "\n[collect] wrote %zu positions in %d sequences to %s (%zu in all)\n",
-                 records, done, out_.c_str(), writer.n_present());
-    if (probe) std::fprintf(stderr, "[collect] outcomes continued both ways: %zu\n", outcomes);
+    if (numeric) {
+      c.judge_answer = [&](const TraceSource& src) {
+        return answer_judge(numeric->items[src.id], src.answer_from, c.outcome_tokens);
+      };
+    }
+    collect_traces(*edge, sources, c);
     return 0;
   }
 
  private:
+  // WikiText-2 chunks, recorded from --first-position on.
+  std::vector<TraceSource> text_sources(const Model& edge) const {
+    const int L = chunk_tokens_;
+    if (first_position_ >= L - 1) throw Error("--first-position must be below --chunk-tokens - 1");
+    const std::vector<TokenId> all =
+        wikitext_tokens(data_, edge, task_ == "wikitext" ? "test" : "valid");
+    const int total = static_cast<int>(all.size() / L);
+    const int n_chunks = std::min(chunks_, total - chunk_offset_);
+    if (n_chunks < 1) {
+      throw Error("WikiText-2 " + std::string(task_ == "wikitext" ? "test" : "valid") + " has " +
+                  std::to_string(total) + " chunks of " + std::to_string(L) +
+                  " tokens; --chunk-offset " + std::to_string(chunk_offset_) + " leaves none");
+    }
+    std::vector<TraceSource> sources;
+    for (int c = 0; c < n_chunks; ++c) {
+      const int id = chunk_offset_ + c;
+      sources.push_back({static_cast<uint64_t>(id), text_chunk(all, id, L, edge), first_position_});
+    }
+    return sources;
+  }
+
+  // A task's items teacher-forced on their reference answers (few-shot prompt + " " + gold label
+  // + newline; positions recorded from the row that predicts the answer on). `numeric` receives
+  // the task when it is GSM8K.
+  std::vector<TraceSource> task_sources(const Model& edge, std::optional<eval::Task>& numeric) {
+    const eval::Task task = eval::load_task(task_, data_, task_ == "lambada" ? 0 : shots_);
+    const bool is_numeric = task.kind == eval::TaskKind::Numeric;
+    if (is_numeric) numeric = task;
+    const int n_items = std::min<int>(chunks_, static_cast<int>(task.items.size()) - chunk_offset_);
+    if (task.kind == eval::TaskKind::Word &&
+        chunk_offset_ + n_items > eval::kLambadaFirstReported) {
+      throw Error("router collect --task lambada: passages " +
+                  std::to_string(eval::kLambadaFirstReported) +
+                  " on are kept for reporting (docs/eval.md); --chunk-offset " +
+                  std::to_string(chunk_offset_) + " --chunks " + std::to_string(chunks_) +
+                  " reaches passage " + std::to_string(chunk_offset_ + n_items - 1));
+    }
+    if (n_items < 1) {
+      throw Error(task_ + " has " + std::to_string(task.items.size()) + " items; --chunk-offset " +
+                  std::to_string(chunk_offset_) + " leaves none");
+    }
+    std::vector<TraceSource> sources;
+    for (int k = 0; k < n_items; ++k) {
+      const eval::Item& item = task.items[chunk_offset_ + k];
+      const std::string prompt = eval::item_prompt(task, item);
+      const int n_prompt = static_cast<int>(edge.tokenize(prompt, true, false).size());
+      // Multiple choice: " B\n"; GSM8K: the worked solution as the shots show theirs;
+      // LAMBADA: " word", the word's own tokens only.
+      const std::string answer = is_numeric                          ? " " + item.reference + "\n\n"
+                                 : task.kind == eval::TaskKind::Word ? " " + item.gold
+                                                                     : " " + item.gold + "\n";
+      std::vector<TokenId> ids = edge.tokenize(prompt + answer, true, false);
+      if (static_cast<int>(ids.size()) <= n_prompt)
+        throw Error(item.id + ": the answer added no tokens to the prompt");
+      sources.push_back(
+          {static_cast<uint64_t>(chunk_offset_ + k), std::move(ids), n_prompt - 1, n_prompt});
+    }
+    return sources;
+  }
+
+  // GSM8K's outcome: whether a continuation's final answer is the item's.
+  static OutcomeProbe::AnswerJudge answer_judge(const eval::Item& item, int answer_from,
+                                                int max_tokens) {
+    OutcomeProbe::AnswerJudge judge;
+    judge.answer_from = answer_from;
+    judge.max_tokens = max_tokens;
+    judge.complete = [](const std::string& a) {
+      return eval::answer_complete(eval::TaskKind::Numeric, a);
+    };
+    judge.correct = [&item](const std::string& a) {
+      const auto got = eval::extract_number(eval::cut_answer(eval::TaskKind::Numeric, a));
+      return got && *got == item.gold;
+    };
+    return judge;
+  }
+
   CLI::App* sub_;
   CloudFlags cloud_;
   EdgeFlags edge_;
@@ -391,14 +245,6 @@ class RouterCollect {
   double outcome_share_ = 0;
   int outcome_tokens_ = 0;  // 0: 16 for text, the task's answer length for GSM8K
   bool overwrite_ = false;
-
-  // Whether a sequence is in the --outcome-share sample: a fixed hash of its id, so that a
-  // resumed or extended collection picks the same ones.
-  bool chosen_for_outcome(uint64_t id) const {
-    if (outcome_share_ >= 1) return true;
-    uint64_t state = id;
-    return unit_interval(splitmix64(state)) < outcome_share_;
-  }
 };
 
 class RouterTrain {
@@ -583,18 +429,17 @@ class RouterBench {
     cfg.mlp = loaded.model;
     cfg.target_rate = 0.07;
     cfg.prior_scores = m.prior_scores(cfg.window);
-    Router router(cfg);
+    // A run is the offline replay of n decisions (each recorded as one token), as eval and
+    // bench/bench_router.cpp replay them.
+    std::vector<RouterSignal> signals(n_, s);
+    for (int i = 0; i < n_; ++i) signals[i].position = i;
     std::vector<double> us;
     float sink = 0;
     for (int r = 0; r < runs_; ++r) {
       const auto t0 = Clock::now();
-      for (int i = 0; i < n_; ++i) {
-        s.position = i;
-        const RouteDecision d = router.decide(s);
-        router.record(d.cloud, 1);
-        sink += d.score;
-      }
+      const std::vector<RouteDecision> decisions = replay_decisions(cfg, signals);
       us.push_back(seconds_since(t0) * 1e6 / n_);
+      for (const RouteDecision& d : decisions) sink += d.score;
     }
     std::sort(us.begin(), us.end());
     double mean = 0, sd = 0;

@@ -1,6 +1,7 @@
 #include "client/cloud_answer.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -248,6 +249,23 @@ std::vector<float> number_array(const json& value, const std::string& field,
     out.push_back(static_cast<float>(std::clamp(d, -kMax, kMax)));  // in range: no UB
   }
   return out;
+}
+
+std::optional<int64_t> token_id_number(std::string_view text) {
+  constexpr std::string_view kPrefix = "token_id:";
+  if (!text.starts_with(kPrefix)) return std::nullopt;
+  int64_t id = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, ec] = std::from_chars(text.data() + kPrefix.size(), end, id);
+  if (ec != std::errc() || stop != end) return std::nullopt;
+  return id;
+}
+
+json completions_by_ids(const std::vector<TokenId>& prompt, int max_tokens, int logprobs) {
+  return {{"prompt", prompt},
+          {"max_tokens", max_tokens},
+          {"logprobs", logprobs},
+          {"return_tokens_as_token_ids", true}};
 }
 
 }  // namespace tandem::cloud

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,6 +71,15 @@ std::vector<TokenId> token_field(const json& object, const char* name, const std
 // An array of exactly `count` numbers, each finite (clamped into float's range).
 std::vector<float> number_array(const json& value, const std::string& field,
                                 const std::string& what, size_t count);
+
+// "token_id:N" (vLLM's return_tokens_as_token_ids, which tandem serve honours too) as N, any
+// int64; nullopt for any other text. Callers check N against their vocabulary.
+std::optional<int64_t> token_id_number(std::string_view text);
+
+// The body of a /v1/completions request that sends the prompt as token ids and asks for the
+// tokens back as ids: {"prompt", "max_tokens", "logprobs", "return_tokens_as_token_ids": true};
+// callers add their sampling fields.
+json completions_by_ids(const std::vector<TokenId>& prompt, int max_tokens, int logprobs);
 
 // Runs `fn` and lets only CloudError out: any other exception (a json type error that slipped
 // through, bad_alloc, a bug) becomes CloudError(Unavailable) prefixed by `what`.

@@ -7,7 +7,6 @@
 //
 // Answers are read through client/cloud_answer.h: a malformed one is a CloudError, never a crash.
 #include <algorithm>
-#include <charconv>
 #include <climits>
 #include <nlohmann/json.hpp>
 
@@ -188,13 +187,10 @@ class StatelessBackend : public CloudBackend {
     switch (dialect_) {
       case Dialect::OpenAi:
         path = "/v1/completions";
-        body = {{"model", model_name_},
-                {"prompt", prompt},
-                {"max_tokens", n},
-                {"temperature", temp},
-                {"top_p", sp.top_p},
-                {"logprobs", 1},
-                {"return_tokens_as_token_ids", true}};
+        body = cloud::completions_by_ids(prompt, n, 1);
+        body["model"] = model_name_;
+        body["temperature"] = temp;
+        body["top_p"] = sp.top_p;
         if (sp.top_k > 0) body["top_k"] = sp.top_k;
         if (sp.min_p > 0) body["min_p"] = sp.min_p;
         if (send_seed) body["seed"] = sp.seed;
@@ -277,18 +273,14 @@ class StatelessBackend : public CloudBackend {
       const json& t = tokens[i];
       const std::string_view s =
           t.is_string() ? std::string_view(t.get_ref<const std::string&>()) : std::string_view();
-      int64_t id = -1;
-      const bool prefixed = s.rfind("token_id:", 0) == 0;
-      const char* first = s.data() + (prefixed ? 9 : 0);
-      const auto [end, ec] = std::from_chars(first, s.data() + s.size(), id);
-      if (!prefixed || ec != std::errc() || end != s.data() + s.size() || id < 0 ||
-          id >= edge_.vocab_size()) {
+      const std::optional<int64_t> id = cloud::token_id_number(s);
+      if (!id || *id < 0 || *id >= edge_.vocab_size()) {
         throw cloud::malformed(what, "'" + field + "'[" + std::to_string(i) + "] is '" +
                                          cloud::excerpt(s, 40) +
                                          "', expected 'token_id:N' with N in [0, " +
                                          std::to_string(edge_.vocab_size()) + ")");
       }
-      ids.push_back(static_cast<TokenId>(id));
+      ids.push_back(static_cast<TokenId>(*id));
     }
     return ids;
   }

@@ -1,4 +1,4 @@
-#include "eval/loglik.h"
+#include "tandem/eval_loglik.h"
 
 #include <algorithm>
 #include <cmath>
@@ -57,6 +57,24 @@ RoutedLoglik oracle(const std::vector<Position>& p, double share) {
 
 RoutedLoglik by_score_quantile(const std::vector<Position>& p, double share) {
   return top_by(p, share, [](const Position& x) { return x.score; });
+}
+
+WindowShares window_shares(const std::vector<bool>& flags, double rate, size_t window) {
+  WindowShares w;
+  if (flags.size() < window) return w;
+  size_t cloud = 0, n = 0, within = 0;
+  for (size_t i = 0; i < window; ++i) cloud += flags[i];
+  for (size_t end = window;; ++end) {
+    const double dev = std::abs(static_cast<double>(cloud) / window - rate);
+    w.max_deviation = std::max(w.max_deviation, dev);
+    within += dev <= 0.01 + 1e-9;
+    ++n;
+    if (end == flags.size()) break;
+    cloud += flags[end];
+    cloud -= flags[end - window];
+  }
+  w.within_1pt = static_cast<double>(within) / n;
+  return w;
 }
 
 }  // namespace tandem::eval

@@ -7,9 +7,9 @@
 
 #include "common/error.h"
 #include "common/testdata.h"
-#include "eval/loglik.h"
 #include "eval/stats.h"
 #include "eval/tasks.h"
+#include "tandem/eval_loglik.h"
 
 namespace tandem::eval {
 namespace {

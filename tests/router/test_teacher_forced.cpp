@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "../common/testdata.h"
-#include "cli/teacher_forced.h"
 #include "tandem/engine.h"
+#include "tandem/router_tools.h"
 #include "tokenizer/tokenizer.h"
 
-namespace tandem::cli {
+namespace tandem {
 namespace {
 
 using testing::testdata_path;
@@ -60,7 +60,6 @@ TEST(OutcomeProbe, AnswerModeJudgesTheEdgesTwoGreedyContinuations) {
     OutcomeProbe::AnswerJudge judge;
     judge.answer_from = answer_from;
     judge.max_tokens = so_far + kMore;
-    judge.tokenizer = &tok;
     std::vector<std::string> judged;
     judge.complete = [](const std::string&) { return false; };
     judge.correct = [&](const std::string& a) {
@@ -90,7 +89,6 @@ TEST(OutcomeProbe, AnswerModeStopsWhereTheJudgeSaysComplete) {
   OutcomeProbe::AnswerJudge judge;
   judge.answer_from = answer_from;
   judge.max_tokens = 64;
-  judge.tokenizer = &tok;
   int asked = 0;
   judge.complete = [&](const std::string&) { return ++asked, true; };
   std::vector<std::string> judged;
@@ -104,4 +102,4 @@ TEST(OutcomeProbe, AnswerModeStopsWhereTheJudgeSaysComplete) {
 }
 
 }  // namespace
-}  // namespace tandem::cli
+}  // namespace tandem

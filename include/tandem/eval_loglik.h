@@ -5,6 +5,7 @@
 // the gap recovered is (NLL_edge − NLL_route) / (NLL_edge − NLL_cloud).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -36,5 +37,15 @@ RoutedLoglik oracle(const std::vector<Position>& p, double share);
 // Routes the positions whose score is above the (1 − share) quantile of all scores (an offline
 // threshold set with hindsight of the score distribution).
 RoutedLoglik by_score_quantile(const std::vector<Position>& p, double share);
+
+// The realised share over every run of kShareWindow consecutive decisions, which the target-rate
+// controller is to hold within one point of its rate.
+inline constexpr size_t kShareWindow = 256;
+struct WindowShares {
+  double within_1pt = 0;     // fraction of the windows within ±0.01 of the rate
+  double max_deviation = 0;  // the largest |window share - rate|
+};
+// Over every window of `window` consecutive flags (none when there are fewer flags).
+WindowShares window_shares(const std::vector<bool>& flags, double rate, size_t window);
 
 }  // namespace tandem::eval

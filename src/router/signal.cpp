@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tandem/client.h"
+#include "tandem/router.h"
 #include "tandem/vector_ops.h"
 
 namespace tandem {

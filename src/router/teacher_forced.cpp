@@ -1,20 +1,11 @@
-// Teacher forcing over text (see teacher_forced.h).
-#include "cli/teacher_forced.h"
-
+// Teacher forcing over text and the outcome probe (tandem/router_tools.h).
 #include <algorithm>
-#include <charconv>
-#include <chrono>
 #include <fstream>
-#include <nlohmann/json.hpp>
-#include <string_view>
 
-#include "net/http_client.h"
 #include "tandem/error.h"
-#include "tokenizer/tokenizer.h"
+#include "tandem/router_tools.h"
 
-namespace tandem::cli {
-
-using json = nlohmann::json;
+namespace tandem {
 
 int common_subsequence(const std::vector<TokenId>& a, const std::vector<TokenId>& b) {
   // One row of the dynamic programme at a time: row[j] = LCS(a[0, i), b[0, j)).
@@ -29,7 +20,8 @@ int common_subsequence(const std::vector<TokenId>& a, const std::vector<TokenId>
 
 OutcomeProbe::OutcomeProbe(const Model& edge, const Model& cloud, int n_ctx, int n_tokens,
                            int n_threads)
-    : n_tokens_(n_tokens),
+    : edge_model_(edge),
+      n_tokens_(n_tokens),
       edge_(edge, {.n_ctx = n_ctx + n_tokens, .n_seq = 2, .n_threads = n_threads}),
       cloud_(std::make_unique<Context>(
           cloud, ContextParams{.n_ctx = n_ctx + n_tokens, .n_seq = 1, .n_threads = n_threads})) {
@@ -38,7 +30,8 @@ OutcomeProbe::OutcomeProbe(const Model& edge, const Model& cloud, int n_ctx, int
 
 OutcomeProbe::OutcomeProbe(const Model& edge, CloudContinuation cloud, int n_ctx, int n_tokens,
                            int n_threads)
-    : n_tokens_(n_tokens),
+    : edge_model_(edge),
+      n_tokens_(n_tokens),
       edge_(edge, {.n_ctx = n_ctx + n_tokens, .n_seq = 2, .n_threads = n_threads}),
       remote_(std::move(cloud)) {
   if (n_tokens < 1) throw Error("the outcome continuation needs at least one token");
@@ -107,7 +100,7 @@ float OutcomeProbe::measure_answer(const std::vector<TokenId>& chunk, int i, Tok
   auto text_of = [&](const std::vector<TokenId>& row) {
     std::vector<TokenId> all = so_far;
     all.insert(all.end(), row.begin(), row.end());
-    return judge.tokenizer->decode(all);
+    return edge_model_.detokenize(all);
   };
   const auto rows = continue_greedy(
       edge_, {edge_top1, cloud_top1}, i + 1, std::min(budget, room),
@@ -139,26 +132,24 @@ float OutcomeProbe::measure(const std::vector<TokenId>& chunk, int i, TokenId ed
   return static_cast<float>(routed - own) / static_cast<float>(n_tokens_);
 }
 
-std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Tokenizer& tok,
+std::vector<TokenId> wikitext_tokens(const std::string& data_dir, const Model& model,
                                      const std::string& split) {
   const std::string path = data_dir + "/wikitext-2/" + split + ".txt";
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot read " + path);
   const std::string text((std::istreambuf_iterator<char>(in)), {});
-  return tok.encode(text, false, false);
+  return model.tokenize(text, false, false);
 }
 
-std::vector<TokenId> text_chunk(const std::vector<TokenId>& all, int c, int L,
-                                const Tokenizer& tok) {
+std::vector<TokenId> text_chunk(const std::vector<TokenId>& all, int c, int L, const Model& model) {
   std::vector<TokenId> chunk(all.begin() + static_cast<std::ptrdiff_t>(c) * L,
                              all.begin() + static_cast<std::ptrdiff_t>(c + 1) * L);
-  if (tok.add_bos()) chunk[0] = tok.bos();
+  if (model.adds_bos()) chunk[0] = model.bos();
   return chunk;
 }
 
-void extend_chunk(
-    Context& ctx, const std::vector<TokenId>& chunk, int end, int want_from, bool want_hidden,
-    const std::function<void(int, std::span<const float>, std::span<const float>)>& fn) {
+void extend_chunk(Context& ctx, const std::vector<TokenId>& chunk, int end, int want_from,
+                  bool want_hidden, const RowFn& fn) {
   const int n = static_cast<int>(chunk.size());
   const int start = ctx.seq_length(0);
   std::vector<BatchToken> batch;
@@ -175,8 +166,7 @@ void extend_chunk(
 }
 
 void run_chunk(Context& ctx, const std::vector<TokenId>& chunk, int first_row, bool want_hidden,
-               const std::function<void(int, std::span<const float>, std::span<const float>)>& fn,
-               int max_rows) {
+               const RowFn& fn, int max_rows) {
   ctx.clear(0);
   const int n = static_cast<int>(chunk.size());
   // Forward passes end after every max_rows wanted rows; the first one also holds the unwanted
@@ -187,117 +177,4 @@ void run_chunk(Context& ctx, const std::vector<TokenId>& chunk, int first_row, b
   }
 }
 
-// POSTs a JSON request; the parsed answer (discarded on a parse error) and its body, for
-// messages. Throws on a status other than 200, quoting the answer.
-static std::pair<json, std::string> post_to_cloud(net::HttpClient& http, const std::string& path,
-                                                  const json& req, double timeout_s) {
-  auto res = http.request("POST", path, req.dump(),
-                          std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-  if (res.status != 200) {
-    throw Error("the cloud answered " + std::to_string(res.status) + " to " + path + ": " +
-                res.body.substr(0, 300));
-  }
-  json j = json::parse(res.body, nullptr, false);
-  return {std::move(j), std::move(res.body)};
-}
-
-std::vector<CloudRow> cloud_rows_http(net::HttpClient& http, const std::string& api,
-                                      const std::vector<TokenId>& chunk, int first_row, int top_n,
-                                      double timeout_s) {
-  json req;
-  std::string path;
-  if (api == "sglang") {
-    if (top_n > 0) {
-      throw Error(
-          "the cloud's top tokens per prompt position come from --cloud-api tandem|openai "
-          "(/v1/completions prompt_logprobs) or --cloud-model, not sglang");
-    }
-    path = "/generate";
-    req = {{"input_ids", chunk},
-           {"sampling_params", {{"max_new_tokens", 0}, {"temperature", 0}}},
-           {"return_logprob", true},
-           {"logprob_start_len", 0}};
-  } else {
-    path = "/v1/completions";
-    req = {{"prompt", chunk}, {"max_tokens", 0}, {"temperature", 0}, {"prompt_logprobs", top_n}};
-  }
-  const auto [j, body] = post_to_cloud(http, path, req, timeout_s);
-  std::vector<CloudRow> out;
-  for (int i = first_row; i + 1 < static_cast<int>(chunk.size()); ++i) {
-    const TokenId want = chunk[i + 1];
-    CloudRow row;
-    if (api == "sglang") {
-      const json& in = j.at("meta_info").at("input_token_logprobs");
-      if (in.at(i + 1).at(1).get<int>() != want) throw Error("SGLang answered for another token");
-      row.true_logprob = static_cast<float>(in.at(i + 1).at(0).get<double>());
-    } else {
-      const json& pl = j.at("choices").at(0).at("prompt_logprobs").at(i + 1);
-      row.true_logprob =
-          static_cast<float>(pl.at(std::to_string(want)).at("logprob").get<double>());
-      // Entries with a rank are the cloud's top-n (the true token's own entry has one only when
-      // it is among them, or always with vLLM, whose rank may then exceed n).
-      for (const auto& [id, e] : pl.items()) {
-        if (!e.contains("rank") || e.at("rank").get<int>() > top_n) continue;
-        row.top.emplace_back(static_cast<TokenId>(std::stol(id)),
-                             static_cast<float>(e.at("logprob").get<double>()));
-      }
-      std::sort(row.top.begin(), row.top.end(),
-                [](const auto& a, const auto& b) { return a.second > b.second; });
-      if (top_n > 0 && row.top.empty())
-        throw Error("the cloud sent no top log-probabilities for prompt position " +
-                    std::to_string(i + 1) + " (prompt_logprobs " + std::to_string(top_n) + ")");
-    }
-    out.push_back(std::move(row));
-  }
-  return out;
-}
-
-std::vector<TokenId> cloud_continuation_http(net::HttpClient& http, const std::string& api,
-                                             const std::vector<TokenId>& prefix, int n,
-                                             double timeout_s) {
-  if (api == "sglang") {
-    throw Error(
-        "the outcome label's cloud continuations come from --cloud-api tandem|openai "
-        "(/v1/completions) or --cloud-model, not sglang");
-  }
-  const std::string path = "/v1/completions";
-  const json req = {{"prompt", prefix}, {"max_tokens", n},    {"temperature", 0},
-                    {"logprobs", 0},    {"ignore_eos", true}, {"return_tokens_as_token_ids", true}};
-  const auto [j, body] = post_to_cloud(http, path, req, timeout_s);
-  const json* tokens = nullptr;
-  if (j.is_object() && j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
-    const json& c = j["choices"][0];
-    if (c.is_object() && c.contains("logprobs") && c["logprobs"].is_object() &&
-        c["logprobs"].contains("tokens") && c["logprobs"]["tokens"].is_array())
-      tokens = &c["logprobs"]["tokens"];
-  }
-  if (!tokens) {
-    throw Error("the cloud's " + path +
-                " answer has no choices[0].logprobs.tokens: " + body.substr(0, 300));
-  }
-  if (static_cast<int>(tokens->size()) > n) {
-    throw Error("the cloud sent " + std::to_string(tokens->size()) + " tokens for max_tokens " +
-                std::to_string(n));
-  }
-  // "token_id:N" per token; a server that ignores return_tokens_as_token_ids sends the text.
-  constexpr std::string_view kPrefix = "token_id:";
-  std::vector<TokenId> out;
-  for (const json& t : *tokens) {
-    const std::string s = t.is_string() ? t.get<std::string>() : t.dump();
-    TokenId id = -1;
-    if (s.starts_with(kPrefix)) {
-      const char* b = s.data() + kPrefix.size();
-      const auto [end, ec] = std::from_chars(b, s.data() + s.size(), id);
-      if (ec != std::errc() || end != s.data() + s.size()) id = -1;
-    }
-    if (id < 0) {
-      throw Error("the cloud returned the token '" + s.substr(0, 40) +
-                  "' as text, not as 'token_id:N': the outcome label needs a server that "
-                  "honours return_tokens_as_token_ids (tandem serve, vLLM)");
-    }
-    out.push_back(id);
-  }
-  return out;
-}
-
-}  // namespace tandem::cli
+}  // namespace tandem

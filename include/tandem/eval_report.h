@@ -1,0 +1,71 @@
+// The report of `tandem eval` over a task's runs (docs/eval.md): each run's summary with its
+// statistics (accuracy and its 95% interval, paired McNemar tests against local and cloud, the
+// gap recovered and the oracle at the run's own cloud share), results.md, and the plots drawn
+// by gnuplot; and the report of eval --task wikitext. The summaries land in results.json as the
+// CLI writes it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tandem::eval {
+
+// One item of one run, as its item log (items-RUN.jsonl) holds it.
+struct ItemRecord {
+  std::string id;
+  bool correct = false;
+  std::string answer;  // "" when none could be extracted
+  // Answer tokens: a word task counts only the tokens that make up the answer word (the word
+  // rule, docs/eval.md), other tasks every token generated. `generated` counts every token.
+  int tokens = 0, cloud_tokens = 0, route_events = 0, fallbacks = 0;
+  int generated = 0, generated_cloud = 0;
+  uint64_t bytes_up = 0, bytes_down = 0;
+  double ms = 0;
+};
+
+// Per run name, per item id.
+using RunRecords = std::map<std::string, std::map<std::string, ItemRecord>>;
+
+// A run as the report names it: "local", "cloud", "route-confidence-5%", ...; its mode's name
+// (edge_mode_name) and route mode's target share.
+struct ReportRun {
+  std::string name, mode;
+  std::optional<double> target_rate;
+};
+
+// The task as the report needs it: its items in order (every run holds each of them).
+struct ReportTask {
+  std::string name;
+  std::vector<std::string> item_ids;
+  int shots = 0;
+  bool word_rule = false;  // LAMBADA: cloud share counts the answer word's tokens only
+};
+
+// results["runs"] (a row per run), and with both a local and a cloud run results["gap"] and
+// results["oracle"] (the oracle's curve for the plot).
+void summarize_runs(const std::vector<ReportRun>& runs, const ReportTask& task,
+                    const RunRecords& by_run, nlohmann::json& results);
+
+// out_dir/results.md: the runs' table from summarize_runs' results.
+void write_results_markdown(const std::string& out_dir, const ReportTask& task,
+                            const nlohmann::json& results);
+
+// out_dir/pareto.png (accuracy against cloud share, 95% intervals, the oracle's curve) and
+// latency.png (time per answer) through gnuplot, with their .dat files and plots.gp; a warning
+// on stderr when gnuplot fails.
+void plot_results(const std::string& out_dir, const nlohmann::json& results);
+
+// eval --task wikitext: out_dir/results.md, and loglik.dat, loglik.gp and (plots: through
+// gnuplot) loglik.png, the gap recovered against cloud share with one line per policy (in
+// `policies`' order) under the oracle's, from the results it wrote to results.json.
+void write_loglik_report(const std::string& out_dir, const nlohmann::json& results,
+                         const std::vector<std::string>& policies, bool plots);
+
+// Runs `gnuplot 'SCRIPT'` (stderr with stdout); false when it fails. `output`: what it printed.
+bool run_gnuplot(const std::string& script, std::string& output);
+
+}  // namespace tandem::eval
