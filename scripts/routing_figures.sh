@@ -10,6 +10,8 @@
 #               entropy, margin and both -fixes routers, speculative   -> $OUT/lambada-heldout
 #     tasks     the LAMBADA router on CommonsenseQA dev and ARC-Challenge: cloud, and route at
 #               2% and 7%, for agreement with the cloud's answers      -> $OUT/tasks-{csqa,arc-challenge}
+#     gain      the target-rate controller's gain, chosen on WikiText-2 validation chunks 64-79
+#               (wikitext-kl trained on 0-63): a sweep            -> $OUT/gain-valid-G
 #     wikitext  WikiText-2 test, all 606 chunks: log-likelihood gap recovered by the
 #               heuristics and wikitext-kl (trained on validation only) -> $OUT/wikitext-test
 #     mc        CommonsenseQA dev, ARC-Easy, ARC-Challenge, PIQA, five shots: local, cloud,
@@ -24,7 +26,7 @@ BUILD=${TANDEM_BUILD:-$ROOT/build}
 OUT=${OUT:-$ROOT/eval-out}
 T=${THREADS:-2}
 STAGES=("$@")
-[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(all routers heldout tasks wikitext mc)
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(all routers gain heldout tasks wikitext mc)
 mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh")
 CLOUD=${PAIR[0]}
 EDGE=${PAIR[1]}
@@ -98,6 +100,15 @@ for stage in "${STAGES[@]}"; do
           --no-sync-ahead -t "$T" --out "$OUT/tasks-$task"
       done
       ;;
+    gain)
+      # The gain every other stage pins (0.2) is the smallest of these with which every policy
+      # keeps >= 95% of its 256-token windows within a point of the 2%, 7% and 20% targets.
+      for g in 0.002 0.02 0.05 0.1 0.2 0.5; do
+        "$TANDEM" eval --task wikitext-valid -m "$EDGE" --cloud-model "$CLOUD" --chunks 16 \
+          --chunk-tokens 512 --chunk-offset 64 --router "$OUT/wikitext-kl.gguf" \
+          --rates 0.02,0.07,0.2 --target-gain "$g" -t "$T" --no-plots --out "$OUT/gain-valid-$g"
+      done
+      ;;
     wikitext)
       "$TANDEM" eval --task wikitext -m "$EDGE" --cloud-model "$CLOUD" --chunks 606 \
         --chunk-tokens 512 --chunk-offset 0 --router "$OUT/wikitext-kl.gguf" \
@@ -115,7 +126,7 @@ for stage in "${STAGES[@]}"; do
       done
       ;;
     *)
-      echo "unknown stage '$stage' (all, routers, heldout, tasks, wikitext, mc)" >&2
+      echo "unknown stage '$stage' (all, routers, gain, heldout, tasks, wikitext, mc)" >&2
       exit 2
       ;;
   esac
