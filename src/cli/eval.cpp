@@ -186,7 +186,8 @@ class EvalCommand : public Command {
                      "R.gguf@T1,T2,... with targets of its own instead of --rates; repeat for "
                      "several: route mode runs each (runs named route-STEM-T, STEM the file's "
                      "name without .gguf), after the --policy heuristics when --policy is given; "
-                     "wikitext scores the first as the 'mlp' policy next to the heuristics");
+                     "wikitext scores each next to the heuristics over the same forward passes, "
+                     "one as the 'mlp' policy, several as 'mlp-STEM'");
     sub_->add_option("--modes", modes_, "Comma-separated: local,cloud,route,speculative")
         ->capture_default_str();
     sub_->add_option("--rates", rates_, "Route mode: target cloud shares, e.g. 0.02,0.05,0.1")
@@ -280,7 +281,6 @@ class EvalCommand : public Command {
  private:
   // --task wikitext: the offline log-likelihood replay (eval_loglik.cpp).
   int run_wikitext() const {
-    if (router_files_.size() > 1) throw Error("--task " + task_ + " scores one --router");
     WikitextEvalOptions w;
     w.command = invocation();
     w.edge_model = edge_.model;
@@ -298,7 +298,14 @@ class EvalCommand : public Command {
     w.chunks = chunks_;
     w.chunk_tokens = chunk_tokens_;
     w.chunk_offset = chunk_offset_;
-    w.router = router_files_.empty() ? "" : router_arg(router_files_.front()).first;
+    for (const std::string& arg : router_files_) {
+      const auto [file, targets] = router_arg(arg);
+      if (!targets.empty()) {
+        throw Error("--router " + arg + ": --task " + task_ +
+                    " scores every router at --rates; drop the @targets");
+      }
+      w.routers.push_back(file);
+    }
     w.threads = base_.context.n_threads;
     w.timeout_s = std::max(cloud_.options.timeout_s, 60.0);
     w.plots = !no_plots_;

@@ -80,29 +80,40 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
   if (cloud_local) cloud_ctx = std::make_unique<Context>(*cloud_local, cp);
 
   std::vector<std::string> policies = {"confidence", "entropy", "margin"};
-  // Every policy's router as a device would start it for a target rate (the trained router
+  const size_t n_heuristics = policies.size();
+  for (const std::string& file : o.routers)
+    policies.push_back(o.routers.size() == 1 ? "mlp" : "mlp-" + fs::path(file).stem().string());
+  // Every policy's router as a device would start it for a target rate (a trained router
   // through load_trained_router, as `run` and task evals load it: threshold, seeded window and
   // the signal's top-k all from the file). rate 0: no target, for scoring only.
-  auto config_for = [&](const std::string& name, double rate) {
+  auto config_for = [&](size_t k, double rate) {
     EdgeOptions opts;
-    opts.router = parse_router_policy(name == "mlp" ? "confidence" : name);
+    opts.router = parse_router_policy(k < n_heuristics ? policies[k] : "confidence");
     if (rate > 0) opts.router.target_rate = rate;
     opts.router.rate_gain = o.rate_gain;
-    if (name == "mlp") load_trained_router(o.router, *edge, o.edge_model, std::nullopt, opts);
+    if (k >= n_heuristics) {
+      load_trained_router(o.routers[k - n_heuristics], *edge, o.edge_model, std::nullopt, opts);
+    }
     return opts;
   };
+  // One signal per position serves every policy, so the routers must agree on its top-k.
   int top_k_signal = EdgeOptions{}.top_k_signal;
-  if (!o.router.empty()) {
-    top_k_signal = config_for("mlp", 0).top_k_signal;
-    policies.push_back("mlp");
+  for (size_t k = n_heuristics; k < policies.size(); ++k) {
+    const int top_k = config_for(k, 0).top_k_signal;
+    if (k > n_heuristics && top_k != top_k_signal) {
+      throw Error(o.routers[k - n_heuristics] + " reads the top " + std::to_string(top_k) +
+                  " log-probabilities, " + o.routers.front() + " the top " +
+                  std::to_string(top_k_signal) + "; score them in separate runs");
+    }
+    top_k_signal = top_k;
   }
   std::vector<std::vector<float>> hiddens;  // [scored position][n_embd], for the mlp policy
   std::vector<Position> positions;
   std::vector<RouterSignal> signals;
   std::vector<std::vector<float>> scores(policies.size());
   std::vector<Router> scorers;
-  for (const auto& p : policies) scorers.emplace_back(config_for(p, 0).router);
-  const bool want_hidden = !o.router.empty();
+  for (size_t k = 0; k < policies.size(); ++k) scorers.emplace_back(config_for(k, 0).router);
+  const bool want_hidden = !o.routers.empty();
   for (int c = 0; c < n_chunks; ++c) {
     const std::vector<TokenId> chunk = text_chunk(all, o.chunk_offset + c, L, *edge);
     const size_t base = positions.size();
@@ -142,7 +153,8 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
       {"source", path},
       {"chunks", n_chunks},
       {"chunk_offset", o.chunk_offset},
-      {"router", o.router},
+      {"router", o.routers.empty() ? std::string() : o.routers.front()},
+      {"routers", o.routers},
       {"chunk_tokens", L},
       {"scored_positions", positions.size()},
       {"edge", {{"path", o.edge_model}, {"nll", nll_edge}, {"ppl", std::exp(nll_edge)}}},
@@ -156,7 +168,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
     for (double rate : o.rates) {
       // Online, as on a device: the controller sees the scores in order.
       std::vector<bool> flags;
-      for (const RouteDecision& d : replay_decisions(config_for(policies[k], rate).router, signals))
+      for (const RouteDecision& d : replay_decisions(config_for(k, rate).router, signals))
         flags.push_back(d.cloud);
       const RoutedLoglik online = routed(positions, flags);
       const WindowShares windows = window_shares(flags, rate, kShareWindow);

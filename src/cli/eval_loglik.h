@@ -21,7 +21,9 @@ struct WikitextEvalOptions {
   double rate_gain = kDefaultRateGain;  // RouterConfig::rate_gain
   int chunks = 8, chunk_tokens = 512, threads = 0;
   int chunk_offset = 0;  // first chunk scored (held-out halves: train on [0, n/2), score the rest)
-  std::string router;    // a trained router (GGUF) scored as the "mlp" policy
+  // Trained routers (GGUF): one is scored as the "mlp" policy, several as "mlp-STEM" each (STEM
+  // the file's name without .gguf), next to the heuristics and over the same forward passes.
+  std::vector<std::string> routers;
   double timeout_s = 60;
   bool plots = true, json = false;
 };

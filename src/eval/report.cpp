@@ -346,11 +346,12 @@ void write_loglik_report(const std::string& out_dir, const json& results,
        << "' index 0 using 2:3 with linespoints title 'oracle' lw 2, "
           "'' index 1 using 2:3 with linespoints title 'confidence', "
           "'' index 2 using 2:3 with linespoints title 'entropy', "
-          "'' index 3 using 2:3 with linespoints title 'margin'"
-       << (results["router"].get<std::string>().empty()
-               ? ""
-               : ", '' index 4 using 2:3 with linespoints title 'mlp' lw 2")
-       << "\n";
+          "'' index 3 using 2:3 with linespoints title 'margin'";
+    // The trained routers after the three heuristics, one line each.
+    for (size_t k = 3; k < policies.size(); ++k)
+      gp << ", '' index " << k + 1 << " using 2:3 with linespoints title '" << policies[k]
+         << "' lw 2";
+    gp << "\n";
   }
   if (plots) {
     // gnuplot's own words go to stdout, as they always have.

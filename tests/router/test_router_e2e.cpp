@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <map>
 
 #include <cmath>
 #include <filesystem>
@@ -270,6 +271,55 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
     EXPECT_NEAR(row["share"].get<double>(), row["target"].get<double>(), 0.05);
   }
   EXPECT_EQ(mlp_rows, 2);
+
+  // Several routers over the same forward passes, each its own policy: a copy of the file under
+  // another name gives rows equal to the original's, and the single-router rows above.
+  const fs::path copy = dir / "twin.gguf";
+  fs::copy_file(model, copy, fs::copy_options::overwrite_existing);
+  const fs::path two_out = dir / "eval-two";
+  std::vector<std::string> two = {"eval",
+                                  "-m",
+                                  edge,
+                                  "--cloud-model",
+                                  cloud,
+                                  "--task",
+                                  "wikitext",
+                                  "--data",
+                                  data,
+                                  "--chunks",
+                                  "2",
+                                  "--chunk-offset",
+                                  "8",
+                                  "--chunk-tokens",
+                                  "64",
+                                  "--router",
+                                  model,
+                                  "--router",
+                                  copy.string(),
+                                  "--rates",
+                                  "0.1,0.3",
+                                  "--out",
+                                  two_out.string(),
+                                  "--no-plots",
+                                  "-t",
+                                  "1"};
+  r = run_tandem(two, dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json both = json::parse(std::ifstream(two_out / "results.json"));
+  const std::string stem = "mlp-" + fs::path(model).stem().string();
+  std::map<std::string, std::vector<double>> nll;
+  for (const auto& row : both["routes"]) nll[row["policy"]].push_back(row["nll"].get<double>());
+  ASSERT_EQ(nll.count(stem), 1u) << both["routes"].dump();
+  ASSERT_EQ(nll.count("mlp-twin"), 1u) << both["routes"].dump();
+  EXPECT_EQ(nll[stem], nll["mlp-twin"]);
+  std::vector<double> single;
+  for (const auto& row : results["routes"])
+    if (row["policy"] == "mlp") single.push_back(row["nll"].get<double>());
+  EXPECT_EQ(nll[stem], single);
+  two[16] = model + "@0.1";  // wikitext scores every router at --rates
+  r = run_tandem(two, dir);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("drop the @targets"), std::string::npos) << r.err;
 
   // A task eval routes with it through the server: runs named route-STEM-R, the router recorded;
   // R.gguf@T gives the router targets of its own, beside the heuristic at --rates.
