@@ -17,6 +17,15 @@
 #     mc        CommonsenseQA dev, ARC-Easy, ARC-Challenge, PIQA, five shots: local, cloud,
 #               route at five shares for confidence and wikitext-fixes, speculative
 #                                                                        -> $OUT/mc-TASK
+#   The routers of docs/benchmarks.md's experiments (train on validation text and task train
+#   splits only; reported on the WikiText-2 test file and the tasks' dev sets):
+#     csqa-router   traces of 4,000 CommonsenseQA train items; csqa-disagree (label disagree),
+#                   mixed (disagree, those and the WikiText-2 validation trace together)
+#     outcome       24 validation chunks with the outcome label; outcome24-{outcome-25,kl,disagree}
+#     http          64 validation chunks traced over HTTP (top-20 KL); wikitext-kl-http
+#     task-routers  csqa-disagree and mixed next to confidence at 1, 2, 7% on CommonsenseQA dev,
+#                   ARC-Easy, ARC-Challenge and PIQA                       -> $OUT/mc-TASK
+#     text-routers  every router above on the WikiText-2 test file     -> $OUT/wikitext-routers
 # Env: TANDEM_BUILD (default build), OUT (default eval-out), THREADS (default 2).
 # The split (docs/eval.md): passages 0-2575 train routers and choose settings (the rates below
 # were chosen on them); 2576-5152 are only reported.
@@ -125,8 +134,52 @@ for stage in "${STAGES[@]}"; do
           --no-sync-ahead -t "$T" --out "$OUT/mc-$task"
       done
       ;;
+    csqa-router)
+      "$TANDEM" router collect --task csqa-train --chunks 4000 -m "$EDGE" --cloud-model "$CLOUD" \
+        -t "$T" --out "$OUT/csqa4000.trace"
+      "$TANDEM" router train --traces "$OUT/csqa4000.trace" --label disagree --hidden 32 \
+        --weight-decay 0.05 --seed 1 --out "$OUT/csqa-disagree.gguf" --json \
+        >"$OUT/csqa-disagree.json"
+      "$TANDEM" router train --traces "$OUT/wikitext-valid64.trace" --traces "$OUT/csqa4000.trace" \
+        --label disagree --hidden 32 --weight-decay 0.05 --min-position 256 --seed 1 \
+        --out "$OUT/mixed.gguf" --json >"$OUT/mixed.json"
+      ;;
+    outcome)
+      "$TANDEM" router collect --task wikitext-valid --chunks 24 --first-position 256 \
+        --outcome-share 1 --outcome-tokens 16 -m "$EDGE" --cloud-model "$CLOUD" -t "$T" \
+        --out "$OUT/outcome24.trace"
+      for label in outcome:0.25 kl disagree; do
+        name=outcome24-${label/:0./-}
+        "$TANDEM" router train --traces "$OUT/outcome24.trace" --label "$label" --hidden 32 \
+          --weight-decay 0.05 --seed 1 --out "$OUT/$name.gguf" --json >"$OUT/$name.json"
+      done
+      ;;
+    http)
+      need_cloud
+      "$TANDEM" router collect --task wikitext-valid --chunks 64 -m "$EDGE" --cloud "$URL" \
+        --top-k 8 -t "$T" --out "$OUT/http-valid64.trace"
+      "$TANDEM" router train --traces "$OUT/http-valid64.trace" --label kl --hidden 32 \
+        --weight-decay 0.05 --min-position 256 --seed 1 --out "$OUT/wikitext-kl-http.gguf" \
+        --json >"$OUT/wikitext-kl-http.json"
+      ;;
+    task-routers)
+      need_cloud
+      for task in csqa arc-easy arc-challenge piqa; do
+        "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" --shots 5 --modes local,cloud,route \
+          --rates 0.01,0.02,0.07 --policy confidence --router "$OUT/csqa-disagree.gguf" \
+          --router "$OUT/mixed.gguf" --target-gain 0.2 --no-sync-ahead -t "$T" --out "$OUT/mc-$task"
+      done
+      ;;
+    text-routers)
+      "$TANDEM" eval --task wikitext -m "$EDGE" --cloud-model "$CLOUD" --chunks 606 \
+        --chunk-tokens 512 --chunk-offset 0 --router "$OUT/wikitext-kl.gguf" \
+        --router "$OUT/wikitext-kl-http.gguf" --router "$OUT/mixed.gguf" \
+        --router "$OUT/csqa-disagree.gguf" --router "$OUT/outcome24-outcome-25.gguf" \
+        --router "$OUT/outcome24-kl.gguf" --router "$OUT/outcome24-disagree.gguf" \
+        --rates 0.02,0.05,0.07,0.1,0.2 --target-gain 0.2 -t "$T" --out "$OUT/wikitext-routers"
+      ;;
     *)
-      echo "unknown stage '$stage' (all, routers, gain, heldout, tasks, wikitext, mc)" >&2
+      echo "unknown stage '$stage' (all, routers, gain, heldout, tasks, wikitext, mc, csqa-router, outcome, http, task-routers, text-routers)" >&2
       exit 2
       ;;
   esac
