@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cassert>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -66,6 +67,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     fn(0, 1);
     return;
   }
+  assert(job_ == nullptr && "ThreadPool::run is not reentrant: a job ran a job on its own pool");
   job_ = &fn;
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   {
@@ -105,6 +107,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     const int64_t c0 = t * base + std::min<int64_t>(t, extra);
     const int64_t c1 = c0 + base + (t < extra ? 1 : 0);
     const int64_t begin = c0 * grain, end = std::min(n, c1 * grain);
+    assert(t + 1 < n_workers || c1 == n_chunks);  // the last worker's share ends the range
     if (begin < end) fn(begin, end);
   });
 }

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cassert>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -50,6 +51,7 @@ KvCache::KvCache(int n_layer, int n_seq, int n_ctx, int kv_dim, int v_dim, Tenso
 }
 
 void KvCache::store(int layer, int seq, int pos, const float* key, const float* value) {
+  assert(pos >= 0 && pos < n_ctx_);
   store_row(
       key_type_, key,
       static_cast<std::byte*>(keys(layer, seq)) + static_cast<size_t>(pos) * kv_dim_ * key_size_,

@@ -5,6 +5,7 @@
 // address space, not resident memory, until it is used.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -39,7 +40,10 @@ class KvCache {
 
   // Number of positions filled for a sequence; positions [0, length) are valid.
   int length(int seq) const { return len_[seq]; }
-  void set_length(int seq, int n) { len_[seq] = n; }
+  void set_length(int seq, int n) {
+    assert(n >= 0 && n <= n_ctx_);
+    len_[seq] = n;
+  }
 
   size_t bytes() const;
   // Bytes one position of one sequence takes over all layers (keys and values).
@@ -49,7 +53,10 @@ class KvCache {
   void release(int seq);
 
  private:
+  // Callers (the forward pass, Context) have validated every index against the sizes; a slot
+  // outside them here is a bug, not bad input.
   size_t offset(int layer, int seq, int dim, size_t elem) const {
+    assert(layer >= 0 && layer < n_layer_ && seq >= 0 && seq < n_seq_);
     return (static_cast<size_t>(layer) * n_seq_ + seq) * static_cast<size_t>(n_ctx_) * dim * elem;
   }
 

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -115,9 +116,11 @@ class Ranking {
     const size_t n = split_off(pred);
     sort_in_order(v_.data() + ordered_, n, buf_);
     ordered_ += n;
+    assert(ordered_ <= size_);
   }
 
   void truncate(size_t n) {
+    assert(n >= 1 && "every filter keeps at least the best candidate");
     size_ = std::min(size_, n);
     ordered_ = std::min(ordered_, size_);
   }

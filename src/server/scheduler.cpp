@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -244,6 +245,7 @@ StepCheck Scheduler::begin_step(const std::string& id, const std::string& owner,
   s.last_used = Clock::now();
   *pos = static_cast<int>(s.history.size());
   *kv_len = s.kv_len;
+  assert(s.kv_len >= 0 && s.kv_len <= static_cast<int>(s.history.size()));
   uncached->assign(s.history.begin() + s.kv_len, s.history.end());
   return StepCheck::Ok;
 }
@@ -283,6 +285,7 @@ void Scheduler::forget_locked(const std::string& id_ref, const char* reason) {
   std::string owner = std::move(it->second.owner);
   sessions_.erase(it);
   free_session_slots_.push_back(slot);
+  assert(free_session_slots_.size() <= static_cast<size_t>(options_.max_sessions));
   slots_to_release_.push_back(slot);
   slot_target_[slot] = 0;
   lost_[id] = {reason, std::move(owner)};
