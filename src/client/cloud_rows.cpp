@@ -16,15 +16,13 @@ namespace {
 using json = nlohmann::json;
 
 // POSTs a JSON request; the parsed answer (discarded on a parse error) and its body, for
-// messages. Throws on a status other than 200, quoting the answer.
+// messages. A status other than 200 throws the backends' CloudError for it: its class, and the
+// cloud's own message cut to a printable excerpt (never the raw body).
 std::pair<json, std::string> post_to_cloud(net::HttpClient& http, const std::string& path,
                                            const json& req, double timeout_s) {
   auto res = http.request("POST", path, req.dump(),
                           std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-  if (res.status != 200) {
-    throw Error("the cloud answered " + std::to_string(res.status) + " to " + path + ": " +
-                res.body.substr(0, 300));
-  }
+  if (res.status != 200) throw cloud::status_error(res, "the cloud's " + path);
   json j = json::parse(res.body, nullptr, false);
   return {std::move(j), std::move(res.body)};
 }

@@ -21,6 +21,7 @@
 #include "common/testdata.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
+#include "tandem/cloud_rows.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem {
@@ -357,6 +358,41 @@ TEST_F(HostileCloudTest, ErrorMessagesAreCutAndNeverDumped) {
     // What the device keeps of the message is short and printable.
     EXPECT_LT(r.stats.last_cloud_error.size(), 1000u) << c.label;
     EXPECT_EQ(r.stats.last_cloud_error.find('\x01'), std::string::npos) << c.label;
+  }
+}
+
+// The teacher-forced rows over HTTP (router collect, eval --task wikitext) classify a refusal as
+// the backends do and quote the cloud's message as an excerpt, never its raw body.
+TEST(HostileCloudRows, RefusalsAreClassifiedAndQuotedAsExcerpts) {
+  struct Case {
+    const char* label;
+    int status;
+    std::string body;
+    CloudError::Kind kind;
+    const char* needle;
+  } cases[] = {
+      {"wrong key", 401, R"({"error":{"message":"bad\u0001key"}})", CloudError::Kind::Fatal,
+       "check --api-key"},
+      {"huge body", 500, std::string(1 << 20, 'A'), CloudError::Kind::Unavailable, "HTTP 500"},
+      {"control bytes", 400, std::string("x\x1b[2J\x01", 6), CloudError::Kind::Rejected,
+       "HTTP 400"},
+  };
+  for (auto& c : cases) {
+    FakeCloud cloud([&](const Exchange&) { return http_answer(c.status, c.body); });
+    CloudOptions o;
+    o.url = cloud.url();
+    o.api = "openai";
+    HttpCloudRows rows(o);
+    try {
+      rows.rows({1, 2, 3, 4}, 1, 0);
+      ADD_FAILURE() << c.label << ": no error";
+    } catch (const CloudError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.kind(), c.kind) << c.label << ": " << what;
+      EXPECT_NE(what.find(c.needle), std::string::npos) << c.label << ": " << what;
+      EXPECT_LT(what.size(), 1000u) << c.label;
+      EXPECT_EQ(what.find_first_of("\x01\x1b"), std::string::npos) << c.label;
+    }
   }
 }
 
