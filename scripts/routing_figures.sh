@@ -22,10 +22,12 @@
 #     csqa-router   traces of 4,000 CommonsenseQA train items; csqa-disagree (label disagree),
 #                   mixed (disagree, those and the WikiText-2 validation trace together)
 #     outcome       24 validation chunks with the outcome label; outcome24-{outcome-25,kl,disagree}
+#                   on 32 test chunks from 303                          -> $OUT/wikitext-outcome
 #     http          64 validation chunks traced over HTTP (top-20 KL); wikitext-kl-http
 #     task-routers  csqa-disagree and mixed next to confidence at 1, 2, 7% on CommonsenseQA dev,
-#                   ARC-Easy, ARC-Challenge and PIQA                       -> $OUT/mc-TASK
-#     text-routers  every router above on the WikiText-2 test file     -> $OUT/wikitext-routers
+#                   ARC-Easy and ARC-Challenge                         -> $OUT/routers-TASK
+#     text-routers  wikitext-kl, -kl-http, mixed and csqa-disagree on the WikiText-2 test file
+#                                                                      -> $OUT/wikitext-routers
 # Env: TANDEM_BUILD (default build), OUT (default eval-out), THREADS (default 2).
 # The split (docs/eval.md): passages 0-2575 train routers and choose settings (the rates below
 # were chosen on them); 2576-5152 are only reported.
@@ -153,6 +155,11 @@ for stage in "${STAGES[@]}"; do
         "$TANDEM" router train --traces "$OUT/outcome24.trace" --label "$label" --hidden 32 \
           --weight-decay 0.05 --seed 1 --out "$OUT/$name.gguf" --json >"$OUT/$name.json"
       done
+      # The three on 32 test chunks, next to the heuristics of the same run.
+      "$TANDEM" eval --task wikitext -m "$EDGE" --cloud-model "$CLOUD" --chunks 32 \
+        --chunk-tokens 512 --chunk-offset 303 --router "$OUT/outcome24-outcome-25.gguf" \
+        --router "$OUT/outcome24-kl.gguf" --router "$OUT/outcome24-disagree.gguf" \
+        --rates 0.02,0.05,0.07,0.1,0.2 --target-gain 0.2 -t "$T" --out "$OUT/wikitext-outcome"
       ;;
     http)
       need_cloud
@@ -163,20 +170,28 @@ for stage in "${STAGES[@]}"; do
         --json >"$OUT/wikitext-kl-http.json"
       ;;
     task-routers)
+      # Route runs only; local, cloud and confidence at 2% and 7% are those of stage mc (the same
+      # greedy answers), seeded from its logs when present.
       need_cloud
-      for task in csqa arc-easy arc-challenge piqa; do
+      for task in csqa arc-easy arc-challenge; do
+        mkdir -p "$OUT/routers-$task"
+        for run in local cloud route-confidence-2% route-confidence-7%; do
+          if [[ -s "$OUT/mc-$task/items-$run.jsonl" && ! -e "$OUT/routers-$task/items-$run.jsonl" ]]; then
+            cp "$OUT/mc-$task/items-$run.jsonl" "$OUT/routers-$task/items-$run.jsonl"
+          fi
+        done
         "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" --shots 5 --modes local,cloud,route \
           --rates 0.01,0.02,0.07 --policy confidence --router "$OUT/csqa-disagree.gguf" \
-          --router "$OUT/mixed.gguf" --target-gain 0.2 --no-sync-ahead -t "$T" --out "$OUT/mc-$task"
+          --router "$OUT/mixed.gguf" --target-gain 0.2 --no-sync-ahead -t "$T" \
+          --out "$OUT/routers-$task"
       done
       ;;
     text-routers)
       "$TANDEM" eval --task wikitext -m "$EDGE" --cloud-model "$CLOUD" --chunks 606 \
         --chunk-tokens 512 --chunk-offset 0 --router "$OUT/wikitext-kl.gguf" \
         --router "$OUT/wikitext-kl-http.gguf" --router "$OUT/mixed.gguf" \
-        --router "$OUT/csqa-disagree.gguf" --router "$OUT/outcome24-outcome-25.gguf" \
-        --router "$OUT/outcome24-kl.gguf" --router "$OUT/outcome24-disagree.gguf" \
-        --rates 0.02,0.05,0.07,0.1,0.2 --target-gain 0.2 -t "$T" --out "$OUT/wikitext-routers"
+        --router "$OUT/csqa-disagree.gguf" --rates 0.02,0.05,0.07,0.1,0.2 --target-gain 0.2 \
+        -t "$T" --out "$OUT/wikitext-routers"
       ;;
     *)
       echo "unknown stage '$stage' (all, routers, gain, heldout, tasks, wikitext, mc, csqa-router, outcome, http, task-routers, text-routers)" >&2
