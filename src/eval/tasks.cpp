@@ -206,90 +206,134 @@ std::optional<std::string> extract_word(std::string_view text) {
   return std::string(text.substr(w.begin, w.end - w.begin));
 }
 
+namespace {
+
+// What a task's loader reads besides the Task's own fields: the items in file order, the shots
+// when the loader picks them itself (csqa), and GSM8K's worked solutions (worked[i] for the
+// i-th item).
+struct LoadedItems {
+  std::vector<Item> items, shot_items;
+  std::vector<std::string> worked;
+};
+
+// csqa evaluates the dev split; csqa-train the train split's items (less the shots) under the
+// same header, for router training (`tandem router collect --task csqa-train`). Shots come
+// from the train split either way.
+void load_csqa(Task& t, const std::string& data_dir, int shots, LoadedItems& l) {
+  const std::string& name = t.name;
+  t.shots_from = data_dir + "/commonsenseqa/train_rand_split.jsonl";
+  t.source = name == "csqa" ? data_dir + "/commonsenseqa/dev_rand_split.jsonl" : t.shots_from;
+  const auto train = read_jsonl(t.shots_from);
+  std::vector<bool> is_shot(train.size(), false);
+  if (shots > 0) {
+    // Spread over the file, so the shots' answer letters are not all alike.
+    for (int s = 0; s < shots; ++s) {
+      const size_t i = (static_cast<size_t>(s) * 1931 + 7) % train.size();
+      is_shot[i] = true;
+      l.shot_items.push_back(mc_item(train[i], t.shots_from + ":" + std::to_string(i + 1)));
+    }
+  }
+  const auto rows = name == "csqa" ? read_jsonl(t.source) : train;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (name == "csqa-train" && is_shot[i]) continue;
+    l.items.push_back(mc_item(rows[i], t.source + ":" + std::to_string(i + 1)));
+  }
+  t.header =
+      "The following are multiple choice questions about common sense. Answer with the "
+      "letter of the correct choice.\n\n";
+}
+
+void load_arc(Task& t, const std::string& data_dir, LoadedItems& l) {
+  t.source = data_dir +
+             (t.name == "arc-easy" ? "/arc/ARC-Easy-Dev.jsonl" : "/arc/ARC-Challenge-Dev.jsonl");
+  t.shots_from = t.source + " (first items, not evaluated)";
+  const auto rows = read_jsonl(t.source);
+  for (size_t i = 0; i < rows.size(); ++i)
+    l.items.push_back(mc_item(rows[i], t.source + ":" + std::to_string(i + 1)));
+  t.header =
+      "The following are multiple choice questions about science. Answer with the letter "
+      "of the correct choice.\n\n";
+}
+
+// PIQA's labels live in a separate file, one 0 or 1 per line of valid.jsonl.
+void load_piqa(Task& t, const std::string& data_dir, LoadedItems& l) {
+  t.source = data_dir + "/piqa/valid.jsonl";
+  t.shots_from = t.source + " (first items, not evaluated)";
+  const auto rows = read_jsonl(t.source);
+  std::ifstream labels(data_dir + "/piqa/valid-labels.lst");
+  if (!labels) throw Error("cannot read " + data_dir + "/piqa/valid-labels.lst");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string where = t.source + ":" + std::to_string(i + 1);
+    std::string lab;
+    if (!std::getline(labels, lab) || (lab != "0" && lab != "1")) {
+      throw Error(data_dir + "/piqa/valid-labels.lst:" + std::to_string(i + 1) +
+                  ": expected 0 or 1");
+    }
+    Item it;
+    it.id = "piqa-" + std::to_string(i);
+    it.labels = {"A", "B"};
+    it.gold = lab == "0" ? "A" : "B";
+    it.question = mc_question(str(rows[i], "goal", where), it.labels,
+                              {str(rows[i], "sol1", where), str(rows[i], "sol2", where)});
+    l.items.push_back(std::move(it));
+  }
+  t.header =
+      "The following are questions about physical common sense, each with two solutions. "
+      "Answer with the letter of the better solution.\n\n";
+}
+
+// GSM8K: the gold is the number after "####"; the whole solution is kept for shots.
+void load_gsm8k(Task& t, const std::string& data_dir, LoadedItems& l) {
+  t.kind = TaskKind::Numeric;
+  t.max_answer_tokens = 256;
+  t.source = data_dir + "/gsm8k/test.jsonl";
+  t.shots_from = t.source + " (first items, not evaluated)";
+  const auto rows = read_jsonl(t.source);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string where = t.source + ":" + std::to_string(i + 1);
+    Item it;
+    it.id = "gsm8k-" + std::to_string(i);
+    it.question = "Question: " + str(rows[i], "question", where) + "\nAnswer:";
+    const std::string answer = str(rows[i], "answer", where);
+    auto gold = extract_number(answer);
+    if (!gold) throw Error(where + ": the answer has no '#### <number>' line");
+    it.gold = *gold;
+    it.reference = answer;
+    l.worked.push_back(answer);
+    l.items.push_back(std::move(it));
+  }
+  t.header = "Solve the math word problems. End each solution with '#### ' and the number.\n\n";
+}
+
+// Every task but csqa takes its shots from its own first items (at most half of them), which
+// are then not evaluated. The shots' text follows the header.
+void add_shots(Task& t, int shots, LoadedItems& l) {
+  if (t.name != "csqa" && t.name != "csqa-train") {
+    const size_t k = std::min<size_t>(static_cast<size_t>(shots), l.items.size() / 2);
+    l.shot_items.assign(l.items.begin(), l.items.begin() + static_cast<std::ptrdiff_t>(k));
+    l.items.erase(l.items.begin(), l.items.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+  for (size_t s = 0; s < l.shot_items.size(); ++s) {
+    t.header += shot_text(l.shot_items[s], t.kind, t.kind == TaskKind::Numeric ? l.worked[s] : "");
+  }
+}
+
+}  // namespace
+
 Task load_task(const std::string& name, const std::string& data_dir, int shots) {
   if (shots < 0 || shots > 32)
     throw Error("--shots " + std::to_string(shots) + " is outside 0..32");
   Task t;
   t.name = name;
-  std::vector<Item> items, shot_items;
-  std::vector<std::string> worked;  // GSM8K shots' full solutions
+  LoadedItems l;
   if (name == "csqa" || name == "csqa-train") {
-    // csqa-train: the train split's items (less the shots) under the same header, for router
-    // training (`tandem router collect --task csqa-train`); csqa evaluates the dev split.
-    t.shots_from = data_dir + "/commonsenseqa/train_rand_split.jsonl";
-    t.source = name == "csqa" ? data_dir + "/commonsenseqa/dev_rand_split.jsonl" : t.shots_from;
-    const auto train = read_jsonl(t.shots_from);
-    std::vector<bool> is_shot(train.size(), false);
-    if (shots > 0) {
-      // Spread over the file, so the shots' answer letters are not all alike.
-      for (int s = 0; s < shots; ++s) {
-        const size_t i = (static_cast<size_t>(s) * 1931 + 7) % train.size();
-        is_shot[i] = true;
-        shot_items.push_back(mc_item(train[i], t.shots_from + ":" + std::to_string(i + 1)));
-      }
-    }
-    const auto rows = name == "csqa" ? read_jsonl(t.source) : train;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      if (name == "csqa-train" && is_shot[i]) continue;
-      items.push_back(mc_item(rows[i], t.source + ":" + std::to_string(i + 1)));
-    }
-    t.header =
-        "The following are multiple choice questions about common sense. Answer with the "
-        "letter of the correct choice.\n\n";
+    load_csqa(t, data_dir, shots, l);
   } else if (name == "arc-easy" || name == "arc-challenge") {
-    t.source = data_dir +
-               (name == "arc-easy" ? "/arc/ARC-Easy-Dev.jsonl" : "/arc/ARC-Challenge-Dev.jsonl");
-    t.shots_from = t.source + " (first items, not evaluated)";
-    const auto rows = read_jsonl(t.source);
-    for (size_t i = 0; i < rows.size(); ++i)
-      items.push_back(mc_item(rows[i], t.source + ":" + std::to_string(i + 1)));
-    t.header =
-        "The following are multiple choice questions about science. Answer with the letter "
-        "of the correct choice.\n\n";
+    load_arc(t, data_dir, l);
   } else if (name == "piqa") {
-    t.source = data_dir + "/piqa/valid.jsonl";
-    t.shots_from = t.source + " (first items, not evaluated)";
-    const auto rows = read_jsonl(t.source);
-    std::ifstream labels(data_dir + "/piqa/valid-labels.lst");
-    if (!labels) throw Error("cannot read " + data_dir + "/piqa/valid-labels.lst");
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const std::string where = t.source + ":" + std::to_string(i + 1);
-      std::string lab;
-      if (!std::getline(labels, lab) || (lab != "0" && lab != "1")) {
-        throw Error(data_dir + "/piqa/valid-labels.lst:" + std::to_string(i + 1) +
-                    ": expected 0 or 1");
-      }
-      Item it;
-      it.id = "piqa-" + std::to_string(i);
-      it.labels = {"A", "B"};
-      it.gold = lab == "0" ? "A" : "B";
-      it.question = mc_question(str(rows[i], "goal", where), it.labels,
-                                {str(rows[i], "sol1", where), str(rows[i], "sol2", where)});
-      items.push_back(std::move(it));
-    }
-    t.header =
-        "The following are questions about physical common sense, each with two solutions. "
-        "Answer with the letter of the better solution.\n\n";
+    load_piqa(t, data_dir, l);
   } else if (name == "gsm8k") {
-    t.kind = TaskKind::Numeric;
-    t.max_answer_tokens = 256;
-    t.source = data_dir + "/gsm8k/test.jsonl";
-    t.shots_from = t.source + " (first items, not evaluated)";
-    const auto rows = read_jsonl(t.source);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const std::string where = t.source + ":" + std::to_string(i + 1);
-      Item it;
-      it.id = "gsm8k-" + std::to_string(i);
-      it.question = "Question: " + str(rows[i], "question", where) + "\nAnswer:";
-      const std::string answer = str(rows[i], "answer", where);
-      auto gold = extract_number(answer);
-      if (!gold) throw Error(where + ": the answer has no '#### <number>' line");
-      it.gold = *gold;
-      it.reference = answer;
-      worked.push_back(answer);
-      items.push_back(std::move(it));
-    }
-    t.header = "Solve the math word problems. End each solution with '#### ' and the number.\n\n";
+    load_gsm8k(t, data_dir, l);
   } else if (name == "lambada") {
     if (shots > 0) {
       throw Error("lambada is zero-shot (the prompt is the passage itself): --shots " +
@@ -306,15 +350,8 @@ Task load_task(const std::string& name, const std::string& data_dir, int shots) 
     for (const auto& n : task_names()) names += (names.empty() ? "" : ", ") + n;
     throw Error("unknown task '" + name + "' (choose from " + names + ")");
   }
-  if (t.name != "csqa" && t.name != "csqa-train") {
-    const size_t k = std::min<size_t>(static_cast<size_t>(shots), items.size() / 2);
-    shot_items.assign(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(k));
-    items.erase(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(k));
-  }
-  for (size_t s = 0; s < shot_items.size(); ++s) {
-    t.header += shot_text(shot_items[s], t.kind, t.kind == TaskKind::Numeric ? worked[s] : "");
-  }
-  t.items = std::move(items);
+  add_shots(t, shots, l);
+  t.items = std::move(l.items);
   return t;
 }
 

@@ -23,7 +23,9 @@ constexpr uint64_t kMaxKeyLength = 1 << 16;
 // multiplied again by every nesting level that is open at once. Reserving up front is therefore
 // capped; vectors grow with what is actually parsed.
 constexpr uint64_t kMaxReserve = 1 << 16;
-size_t capped(uint64_t n) { return static_cast<size_t>(std::min(n, kMaxReserve)); }
+size_t capped(uint64_t n) {
+  return static_cast<size_t>(std::min(n, kMaxReserve));
+}
 
 // Sequential, bounds-checked reader over the file image.
 class Cursor {
@@ -103,88 +105,60 @@ size_t scalar_size(GgufValueType t) {
   }
 }
 
-bool valid_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::FLOAT64); }
+bool valid_value_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(GgufValueType::FLOAT64);
+}
 
+template <class T>
+T load_le(const uint8_t* p) {
+  T x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+// An integer of type T into both views: u64 and i64 hold the same bits (a negative value
+// sign-extends into u64, a large UINT64 wraps into i64).
+template <class T>
+void set_integer(const uint8_t* p, GgufValue& v) {
+  const T x = load_le<T>(p);
+  v.u64 = static_cast<uint64_t>(x);
+  v.i64 = static_cast<int64_t>(x);
+}
+
+// One scalar of type t at p (scalar_size(t) bytes, already bounds-checked by the caller).
 void read_scalar(const uint8_t* p, GgufValueType t, GgufValue& v) {
   v.type = t;
   switch (t) {
-    case GgufValueType::UINT8: {
-      uint8_t x;
-      std::memcpy(&x, p, 1);
-      v.u64 = x;
-      v.i64 = x;
-      break;
-    }
+    case GgufValueType::UINT8:
+      return set_integer<uint8_t>(p, v);
+    case GgufValueType::INT8:
+      return set_integer<int8_t>(p, v);
+    case GgufValueType::UINT16:
+      return set_integer<uint16_t>(p, v);
+    case GgufValueType::INT16:
+      return set_integer<int16_t>(p, v);
+    case GgufValueType::UINT32:
+      return set_integer<uint32_t>(p, v);
+    case GgufValueType::INT32:
+      return set_integer<int32_t>(p, v);
+    case GgufValueType::UINT64:
+      return set_integer<uint64_t>(p, v);
+    case GgufValueType::INT64:
+      return set_integer<int64_t>(p, v);
     case GgufValueType::BOOL: {
-      uint8_t x;
-      std::memcpy(&x, p, 1);
-      v.u64 = x != 0;
-      v.i64 = x != 0;
-      break;
-    }
-    case GgufValueType::INT8: {
-      int8_t x;
-      std::memcpy(&x, p, 1);
-      v.i64 = x;
-      v.u64 = static_cast<uint64_t>(x);
-      break;
-    }
-    case GgufValueType::UINT16: {
-      uint16_t x;
-      std::memcpy(&x, p, 2);
+      const bool x = load_le<uint8_t>(p) != 0;
       v.u64 = x;
       v.i64 = x;
-      break;
+      return;
     }
-    case GgufValueType::INT16: {
-      int16_t x;
-      std::memcpy(&x, p, 2);
-      v.i64 = x;
-      v.u64 = static_cast<uint64_t>(x);
-      break;
-    }
-    case GgufValueType::UINT32: {
-      uint32_t x;
-      std::memcpy(&x, p, 4);
-      v.u64 = x;
-      v.i64 = x;
-      break;
-    }
-    case GgufValueType::INT32: {
-      int32_t x;
-      std::memcpy(&x, p, 4);
-      v.i64 = x;
-      v.u64 = static_cast<uint64_t>(x);
-      break;
-    }
-    case GgufValueType::FLOAT32: {
-      float x;
-      std::memcpy(&x, p, 4);
-      v.f64 = x;
-      break;
-    }
-    case GgufValueType::UINT64: {
-      uint64_t x;
-      std::memcpy(&x, p, 8);
-      v.u64 = x;
-      v.i64 = static_cast<int64_t>(x);
-      break;
-    }
-    case GgufValueType::INT64: {
-      int64_t x;
-      std::memcpy(&x, p, 8);
-      v.i64 = x;
-      v.u64 = static_cast<uint64_t>(x);
-      break;
-    }
-    case GgufValueType::FLOAT64: {
-      double x;
-      std::memcpy(&x, p, 8);
-      v.f64 = x;
-      break;
-    }
+    case GgufValueType::FLOAT32:
+      v.f64 = load_le<float>(p);
+      return;
+    case GgufValueType::FLOAT64:
+      v.f64 = load_le<double>(p);
+      return;
     default:
-      break;
+      return;
   }
 }
 
@@ -246,24 +220,39 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) {
 
 std::string_view gguf_value_type_name(GgufValueType type) {
   switch (type) {
-    case GgufValueType::UINT8: return "uint8";
-    case GgufValueType::INT8: return "int8";
-    case GgufValueType::UINT16: return "uint16";
-    case GgufValueType::INT16: return "int16";
-    case GgufValueType::UINT32: return "uint32";
-    case GgufValueType::INT32: return "int32";
-    case GgufValueType::FLOAT32: return "float32";
-    case GgufValueType::BOOL: return "bool";
-    case GgufValueType::STRING: return "string";
-    case GgufValueType::ARRAY: return "array";
-    case GgufValueType::UINT64: return "uint64";
-    case GgufValueType::INT64: return "int64";
-    case GgufValueType::FLOAT64: return "float64";
+    case GgufValueType::UINT8:
+      return "uint8";
+    case GgufValueType::INT8:
+      return "int8";
+    case GgufValueType::UINT16:
+      return "uint16";
+    case GgufValueType::INT16:
+      return "int16";
+    case GgufValueType::UINT32:
+      return "uint32";
+    case GgufValueType::INT32:
+      return "int32";
+    case GgufValueType::FLOAT32:
+      return "float32";
+    case GgufValueType::BOOL:
+      return "bool";
+    case GgufValueType::STRING:
+      return "string";
+    case GgufValueType::ARRAY:
+      return "array";
+    case GgufValueType::UINT64:
+      return "uint64";
+    case GgufValueType::INT64:
+      return "int64";
+    case GgufValueType::FLOAT64:
+      return "float64";
   }
   return "unknown";
 }
 
-size_t gguf_scalar_size(GgufValueType type) { return scalar_size(type); }
+size_t gguf_scalar_size(GgufValueType type) {
+  return scalar_size(type);
+}
 
 bool GgufValue::is_integer() const {
   switch (type) {
@@ -336,8 +325,17 @@ GgufFile::~GgufFile() {
   if (mapped_ && base_) munmap(const_cast<uint8_t*>(base_), size_);
 }
 
-void GgufFile::parse() {
-  Cursor c(base_, size_, path_);
+namespace {
+
+struct GgufHeader {
+  uint32_t version = 0;
+  uint64_t n_tensors = 0;
+  uint64_t n_kv = 0;
+};
+
+// Magic, version and the two counts (bytes 0..23), each count checked against the bytes left.
+GgufHeader read_header(Cursor& c, size_t file_size) {
+  GgufHeader h;
   const auto magic = c.read<uint32_t>("magic");
   if (std::memcmp(&magic, "GGUF", 4) != 0) {
     char found[5] = {};
@@ -347,22 +345,80 @@ void GgufFile::parse() {
     }
     c.fail(0, std::string("expected magic \"GGUF\", found \"") + found + "\"");
   }
-  version_ = c.read<uint32_t>("version");
-  if (version_ != 2 && version_ != 3) {
-    c.fail(4, "expected GGUF version 2 or 3, found " + std::to_string(version_));
+  h.version = c.read<uint32_t>("version");
+  if (h.version != 2 && h.version != 3) {
+    c.fail(4, "expected GGUF version 2 or 3, found " + std::to_string(h.version));
   }
-  const uint64_t n_tensors = c.read<uint64_t>("tensor count");
-  const uint64_t n_kv = c.read<uint64_t>("metadata count");
+  h.n_tensors = c.read<uint64_t>("tensor count");
+  h.n_kv = c.read<uint64_t>("metadata count");
   // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least
   // 8 + 4 + 8 + 4 + 8.
-  if (n_kv > c.remaining() / 13) {
-    c.fail(16, "metadata count " + std::to_string(n_kv) + " cannot fit in a " +
-                   std::to_string(size_) + "-byte file");
+  if (h.n_kv > c.remaining() / 13) {
+    c.fail(16, "metadata count " + std::to_string(h.n_kv) + " cannot fit in a " +
+                   std::to_string(file_size) + "-byte file");
   }
-  if (n_tensors > c.remaining() / 32) {
-    c.fail(8, "tensor count " + std::to_string(n_tensors) + " cannot fit in a " +
-                  std::to_string(size_) + "-byte file");
+  if (h.n_tensors > c.remaining() / 32) {
+    c.fail(8, "tensor count " + std::to_string(h.n_tensors) + " cannot fit in a " +
+                  std::to_string(file_size) + "-byte file");
   }
+  return h;
+}
+
+// One tensor info: name, dimensions, type, data offset (relative to the data section), each
+// checked as it is read; nbytes follows from the shape and the type's block size.
+GgufTensorInfo read_tensor_info(Cursor& c, uint64_t alignment) {
+  GgufTensorInfo t;
+  t.name = std::string(c.read_string("tensor name", kMaxKeyLength));
+  const size_t dims_at = c.pos();
+  t.n_dims = c.read<uint32_t>("tensor dimension count");
+  if (t.n_dims == 0 || t.n_dims > kMaxDims) {
+    c.fail(dims_at,
+           "tensor '" + t.name + "': expected 1..4 dimensions, found " + std::to_string(t.n_dims));
+  }
+  uint64_t n_elem = 1;
+  for (uint32_t d = 0; d < t.n_dims; ++d) {
+    const size_t dim_at = c.pos();
+    const uint64_t ne = c.read<uint64_t>("tensor dimension");
+    if (ne == 0 || ne > (uint64_t{1} << 40) || mul_overflows(n_elem, ne, &n_elem) ||
+        n_elem > (uint64_t{1} << 48)) {
+      c.fail(dim_at, "tensor '" + t.name + "': dimension " + std::to_string(d) + " = " +
+                         std::to_string(ne) + " is zero or makes the tensor impossibly large");
+    }
+    t.ne[d] = static_cast<int64_t>(ne);
+  }
+  const size_t type_at = c.pos();
+  const uint32_t raw_type = c.read<uint32_t>("tensor type");
+  const auto tt = tensor_type_traits(raw_type);
+  if (!tt) {
+    c.fail(type_at,
+           "tensor '" + t.name + "': unsupported ggml type id " + std::to_string(raw_type));
+  }
+  t.type = static_cast<TensorType>(raw_type);
+  if (t.ne[0] % tt->block_size != 0) {
+    c.fail(dims_at, "tensor '" + t.name + "': row length " + std::to_string(t.ne[0]) +
+                        " is not a multiple of the " + std::string(tt->name) + " block size " +
+                        std::to_string(tt->block_size));
+  }
+  t.nbytes = static_cast<size_t>(n_elem / tt->block_size) * tt->type_size;
+  const size_t off_at = c.pos();
+  t.offset = c.read<uint64_t>("tensor data offset");
+  if (t.offset % alignment != 0) {
+    c.fail(off_at, "tensor '" + t.name + "': data offset " + std::to_string(t.offset) +
+                       " is not a multiple of the alignment " + std::to_string(alignment));
+  }
+  return t;
+}
+
+}  // namespace
+
+// The file is read front to back: header, metadata, tensor infos, then the data section's
+// placement. Every check fails with the byte offset of what it read (Cursor::fail).
+void GgufFile::parse() {
+  Cursor c(base_, size_, path_);
+  const GgufHeader header = read_header(c, size_);
+  version_ = header.version;
+  const uint64_t n_tensors = header.n_tensors;
+  const uint64_t n_kv = header.n_kv;
 
   kv_.reserve(capped(n_kv));
   for (uint64_t i = 0; i < n_kv; ++i) {
@@ -371,8 +427,8 @@ void GgufFile::parse() {
     const size_t type_at = c.pos();
     const uint32_t raw_type = c.read<uint32_t>("metadata value type");
     if (!valid_value_type(raw_type)) {
-      c.fail(type_at, "key '" + key + "': expected a value type 0..12, found " +
-                          std::to_string(raw_type));
+      c.fail(type_at,
+             "key '" + key + "': expected a value type 0..12, found " + std::to_string(raw_type));
     }
     GgufValue v = read_value(c, static_cast<GgufValueType>(raw_type), 0);
     if (kv_index_.count(key)) c.fail(key_at, "duplicate metadata key '" + key + "'");
@@ -391,46 +447,8 @@ void GgufFile::parse() {
 
   tensors_.reserve(capped(n_tensors));
   for (uint64_t i = 0; i < n_tensors; ++i) {
-    GgufTensorInfo t;
     const size_t name_at = c.pos();
-    t.name = std::string(c.read_string("tensor name", kMaxKeyLength));
-    const size_t dims_at = c.pos();
-    t.n_dims = c.read<uint32_t>("tensor dimension count");
-    if (t.n_dims == 0 || t.n_dims > kMaxDims) {
-      c.fail(dims_at, "tensor '" + t.name + "': expected 1..4 dimensions, found " +
-                          std::to_string(t.n_dims));
-    }
-    uint64_t n_elem = 1;
-    for (uint32_t d = 0; d < t.n_dims; ++d) {
-      const size_t dim_at = c.pos();
-      const uint64_t ne = c.read<uint64_t>("tensor dimension");
-      if (ne == 0 || ne > (uint64_t{1} << 40) || mul_overflows(n_elem, ne, &n_elem) ||
-          n_elem > (uint64_t{1} << 48)) {
-        c.fail(dim_at, "tensor '" + t.name + "': dimension " + std::to_string(d) + " = " +
-                           std::to_string(ne) + " is zero or makes the tensor impossibly large");
-      }
-      t.ne[d] = static_cast<int64_t>(ne);
-    }
-    const size_t type_at = c.pos();
-    const uint32_t raw_type = c.read<uint32_t>("tensor type");
-    const auto tt = tensor_type_traits(raw_type);
-    if (!tt) {
-      c.fail(type_at, "tensor '" + t.name + "': unsupported ggml type id " +
-                          std::to_string(raw_type));
-    }
-    t.type = static_cast<TensorType>(raw_type);
-    if (t.ne[0] % tt->block_size != 0) {
-      c.fail(dims_at, "tensor '" + t.name + "': row length " + std::to_string(t.ne[0]) +
-                          " is not a multiple of the " + std::string(tt->name) + " block size " +
-                          std::to_string(tt->block_size));
-    }
-    t.nbytes = static_cast<size_t>(n_elem / tt->block_size) * tt->type_size;
-    const size_t off_at = c.pos();
-    t.offset = c.read<uint64_t>("tensor data offset");
-    if (t.offset % alignment_ != 0) {
-      c.fail(off_at, "tensor '" + t.name + "': data offset " + std::to_string(t.offset) +
-                         " is not a multiple of the alignment " + std::to_string(alignment_));
-    }
+    GgufTensorInfo t = read_tensor_info(c, alignment_);
     if (tensor_index_.count(t.name)) c.fail(name_at, "duplicate tensor name '" + t.name + "'");
     tensor_index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));

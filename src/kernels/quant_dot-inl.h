@@ -386,6 +386,13 @@ HWY_INLINE VF1 BlockTerms4(VF1 acc, VF4 fi, VF4 dd, VF4 m, VF4 s) {
 // integer adds) and the four f32 steps then run as a chain of broadcast FMAs. That chain is one
 // FMA latency per block, so decode (RA = 1) takes several weight rows per call (RW) whose chains
 // overlap.
+//
+// Kept as one function (about 80 lines) on purpose: it is the innermost loop of every decode
+// matmul on Q4_0..Q8_0 weights. The decoded blocks (wq, wu) and the RW x RA accumulators live in
+// registers across the loop; the main loop (four blocks) and the tail (one block) are the same
+// combine at two widths, and both must match TileDot32 bit for bit, which is checked most
+// easily with the two on one page. Helpers that took those register arrays by pointer would
+// leave it to the inliner whether they stay in registers.
 template <TensorType T, int RA, int RW>
 HWY_INLINE void DotRow32(const uint8_t* const* w, const uint8_t* const* a, const ActScales32* as,
                          int64_t nb, float* out) {

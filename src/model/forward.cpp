@@ -216,6 +216,15 @@ void Forward::attention(int layer, std::span<const BatchToken> batch, KvCache& c
   });
 }
 
+// The forward pass of a batch: embeddings, then per layer the attention block and the
+// feed-forward block (each on [n][D] rows in x_), then the final norm and the LM head for the
+// rows that want outputs.
+//
+// Kept as one function (about 135 lines) on purpose: like llama2.c's forward, it reads as the
+// model's one page, in the order the weights are applied, and the scratch buffers (x_, cur_, q_,
+// k_, v_, attn_, proj_, gate_, up_) flow from step to step without being passed around. The work
+// itself is already in named helpers (norm_rows, matmul, rope, attention, the kernels); what
+// is left here is the order, and the order is what a reader checks against the reference.
 void Forward::run(std::span<const BatchToken> batch, KvCache& cache, ForwardOutputs& out,
                   const LayerProbe* probe) {
   const int n = static_cast<int>(batch.size());

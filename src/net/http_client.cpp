@@ -222,6 +222,18 @@ struct HttpClient::Impl {
       fn(*plain);
     }
   }
+
+  // The steps of one request attempt, each bounded by the request's deadline. A step that fails
+  // returns the NetError kind and message request() fails with (it closes and throws).
+  struct StepError {
+    NetError::Kind kind;
+    std::string what;
+  };
+  std::optional<StepError> connect(const Url& base, const HttpOptions& options,
+                                   Clock::time_point deadline, std::atomic<uint64_t>& connects);
+  size_t write(http::request<http::string_body>& req, Clock::time_point deadline,
+               beast::error_code& ec);
+  size_t read(http::response_parser<http::string_body>& parser, beast::error_code& ec);
 };
 
 namespace {
@@ -268,6 +280,145 @@ void HttpClient::disconnect() {
   impl_->close();
 }
 
+namespace {
+
+// The request as sent: HTTP/1.1, keep-alive, JSON in and out, the bearer key when one is set.
+http::request<http::string_body> make_request(http::verb verb, const Url& base,
+                                              const HttpOptions& options, std::string_view target,
+                                              std::string_view body) {
+  http::request<http::string_body> req{verb, base.prefix + std::string(target), 11};
+  req.set(http::field::host, base.host + ":" + std::to_string(base.port));
+  req.set(http::field::user_agent, options.user_agent);
+  req.set(http::field::accept, "application/json");
+  if (!options.api_key.empty()) req.set(http::field::authorization, "Bearer " + options.api_key);
+  if (!body.empty()) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = std::string(body);
+  }
+  req.keep_alive(true);
+  req.prepare_payload();
+  return req;
+}
+
+// Status, headers (names lower-cased) and body of a parsed answer.
+HttpResponse take_response(http::response<http::string_body>& res) {
+  HttpResponse out;
+  out.status = static_cast<int>(res.result_int());
+  for (const auto& field : res) {
+    std::string name(field.name_string());
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    out.headers[name] = std::string(field.value());
+  }
+  out.body = std::move(res.body());
+  return out;
+}
+
+}  // namespace
+
+// Resolve (bounded by a timer: the resolver has no expiry of its own), open the TCP (or TLS)
+// stream, connect, then the TLS handshake. connects counts successful TCP connects.
+std::optional<HttpClient::Impl::StepError> HttpClient::Impl::connect(
+    const Url& base, const HttpOptions& options, Clock::time_point deadline,
+    std::atomic<uint64_t>& connects) {
+  beast::error_code ec;
+  tcp::resolver::results_type endpoints;
+  asio::steady_timer timer(ioc);
+  timer.expires_at(deadline);
+  bool resolved = false;
+  resolver.async_resolve(base.host, std::to_string(base.port),
+                         [&](const beast::error_code& e, tcp::resolver::results_type r) {
+                           ec = e;
+                           endpoints = std::move(r);
+                           resolved = true;
+                           timer.cancel();
+                         });
+  timer.async_wait([&](const beast::error_code& e) {
+    if (!e && !resolved) resolver.cancel();
+  });
+  run();
+  if (ec) {
+    return StepError{resolved && ec != asio::error::operation_aborted ? NetError::Kind::Connect
+                                                                      : NetError::Kind::Timeout,
+                     "cannot resolve host '" + base.host + "': " + ec.message()};
+  }
+  if (base.tls()) {
+    tls = std::make_unique<beast::ssl_stream<beast::tcp_stream>>(ioc, ssl_ctx);
+    if (!SSL_set_tlsext_host_name(tls->native_handle(), base.host.c_str())) {
+      return StepError{NetError::Kind::Tls, "cannot set the TLS server name"};
+    }
+    if (!options.insecure) tls->set_verify_callback(ssl::host_name_verification(base.host));
+  } else {
+    plain = std::make_unique<beast::tcp_stream>(ioc);
+  }
+  lowest().expires_at(deadline);
+  lowest().async_connect(endpoints,
+                         [&](const beast::error_code& e, const tcp::endpoint&) { ec = e; });
+  run();
+  if (ec) {
+    const auto kind =
+        kind_of(ec) == NetError::Kind::Timeout ? NetError::Kind::Timeout : NetError::Kind::Connect;
+    return StepError{kind, "cannot connect: " + ec.message()};
+  }
+  ++connects;
+  if (tls) {
+    tls->async_handshake(ssl::stream_base::client, [&](const beast::error_code& e) { ec = e; });
+    run();
+    if (ec) {
+      return StepError{
+          kind_of(ec) == NetError::Kind::Timeout ? NetError::Kind::Timeout : NetError::Kind::Tls,
+          "TLS handshake failed: " + ec.message()};
+    }
+  }
+  return std::nullopt;
+}
+
+// Sends the whole request; returns the bytes written (also when it fails part way).
+size_t HttpClient::Impl::write(http::request<http::string_body>& req, Clock::time_point deadline,
+                               beast::error_code& ec) {
+  lowest().expires_at(deadline);
+  size_t written = 0;
+  with_stream([&](auto& stream) {
+    http::async_write(stream, req, [&](const beast::error_code& e, size_t n) {
+      ec = e;
+      written = n;
+    });
+  });
+  run();
+  return written;
+}
+
+// Reads the answer into parser; returns the bytes read (also when it fails part way). The
+// header first, on its own: Beast 1.74's async_read parses eagerly and then loses the header's
+// body_limit error, so a Content-Length over the limit would be reserved and read in full.
+// Read alone, such a header fails with body_limit before any body.
+size_t HttpClient::Impl::read(http::response_parser<http::string_body>& parser,
+                              beast::error_code& ec) {
+  size_t total = 0;
+  for (const bool header_only : {true, false}) {
+    if (!header_only && parser.is_done()) break;
+    size_t n_read = 0;
+    with_stream([&](auto& stream) {
+      auto done = [&](const beast::error_code& e, size_t n) {
+        ec = e;
+        n_read = n;
+      };
+      if (header_only) {
+        http::async_read_header(stream, buffer, parser, done);
+      } else {
+        http::async_read(stream, buffer, parser, done);
+      }
+    });
+    run();
+    total += n_read;
+    if (ec) break;
+  }
+  return total;
+}
+
+// One attempt per loop turn: connect unless a kept-alive connection is open, write, read. A
+// reused connection that fails before any answer byte (the server closed it while idle) is
+// retried once on a fresh one; every other failure throws NetError (fail closes the connection).
 HttpResponse HttpClient::request(std::string_view method, std::string_view target,
                                  std::string_view body, std::chrono::milliseconds timeout) {
   const http::verb verb = http::string_to_verb(beast::string_view(method.data(), method.size()));
@@ -286,89 +437,18 @@ HttpResponse HttpClient::request(std::string_view method, std::string_view targe
     }
     return NetError(kind, where + ": " + what);
   };
-
-  http::request<http::string_body> req{verb, base_.prefix + std::string(target), 11};
-  req.set(http::field::host, base_.host + ":" + std::to_string(base_.port));
-  req.set(http::field::user_agent, options_.user_agent);
-  req.set(http::field::accept, "application/json");
-  if (!options_.api_key.empty()) req.set(http::field::authorization, "Bearer " + options_.api_key);
-  if (!body.empty()) {
-    req.set(http::field::content_type, "application/json");
-    req.body() = std::string(body);
-  }
-  req.keep_alive(true);
-  req.prepare_payload();
+  http::request<http::string_body> req = make_request(verb, base_, options_, target, body);
 
   for (int attempt = 0;; ++attempt) {
     if (aborted_) throw NetError(NetError::Kind::Aborted, where + ": aborted");
     const bool reused = impl_->connected();
-    beast::error_code ec;
     if (!reused) {
-      // Resolve (bounded by a timer: the resolver has no expiry of its own).
-      tcp::resolver::results_type endpoints;
-      asio::steady_timer timer(impl_->ioc);
-      timer.expires_at(deadline);
-      bool resolved = false;
-      impl_->resolver.async_resolve(base_.host, std::to_string(base_.port),
-                                    [&](const beast::error_code& e, tcp::resolver::results_type r) {
-                                      ec = e;
-                                      endpoints = std::move(r);
-                                      resolved = true;
-                                      timer.cancel();
-                                    });
-      timer.async_wait([&](const beast::error_code& e) {
-        if (!e && !resolved) impl_->resolver.cancel();
-      });
-      impl_->run();
-      if (ec) {
-        throw fail(resolved && ec != asio::error::operation_aborted ? NetError::Kind::Connect
-                                                                    : NetError::Kind::Timeout,
-                   "cannot resolve host '" + base_.host + "': " + ec.message());
-      }
-      if (base_.tls()) {
-        impl_->tls =
-            std::make_unique<beast::ssl_stream<beast::tcp_stream>>(impl_->ioc, impl_->ssl_ctx);
-        if (!SSL_set_tlsext_host_name(impl_->tls->native_handle(), base_.host.c_str())) {
-          throw fail(NetError::Kind::Tls, "cannot set the TLS server name");
-        }
-        if (!options_.insecure) {
-          impl_->tls->set_verify_callback(ssl::host_name_verification(base_.host));
-        }
-      } else {
-        impl_->plain = std::make_unique<beast::tcp_stream>(impl_->ioc);
-      }
-      impl_->lowest().expires_at(deadline);
-      impl_->lowest().async_connect(
-          endpoints, [&](const beast::error_code& e, const tcp::endpoint&) { ec = e; });
-      impl_->run();
-      if (ec) {
-        const auto kind = kind_of(ec) == NetError::Kind::Timeout ? NetError::Kind::Timeout
-                                                                 : NetError::Kind::Connect;
-        throw fail(kind, "cannot connect: " + ec.message());
-      }
-      ++connects_;
-      if (impl_->tls) {
-        impl_->tls->async_handshake(ssl::stream_base::client,
-                                    [&](const beast::error_code& e) { ec = e; });
-        impl_->run();
-        if (ec) {
-          throw fail(kind_of(ec) == NetError::Kind::Timeout ? NetError::Kind::Timeout
-                                                            : NetError::Kind::Tls,
-                     "TLS handshake failed: " + ec.message());
-        }
-      }
+      if (auto e = impl_->connect(base_, options_, deadline, connects_))
+        throw fail(e->kind, e->what);
     }
 
-    impl_->lowest().expires_at(deadline);
-    size_t written = 0;
-    impl_->with_stream([&](auto& stream) {
-      http::async_write(stream, req, [&](const beast::error_code& e, size_t n) {
-        ec = e;
-        written = n;
-      });
-    });
-    impl_->run();
-    bytes_sent_ += written;
+    beast::error_code ec;
+    bytes_sent_ += impl_->write(req, deadline, ec);
     if (ec) {
       if (reused && attempt == 0 && kind_of(ec) != NetError::Kind::Timeout && !aborted_) {
         impl_->close();
@@ -379,28 +459,7 @@ HttpResponse HttpClient::request(std::string_view method, std::string_view targe
 
     http::response_parser<http::string_body> parser;
     parser.body_limit(options_.max_body_bytes);
-    // The header first, on its own: Beast 1.74's async_read parses eagerly and then loses the
-    // header's body_limit error, so a Content-Length over the limit would be reserved and read
-    // in full. Read alone, such a header fails with body_limit before any body.
-    size_t read = 0;
-    for (const bool header_only : {true, false}) {
-      if (!header_only && parser.is_done()) break;
-      size_t n_read = 0;
-      impl_->with_stream([&](auto& stream) {
-        auto done = [&](const beast::error_code& e, size_t n) {
-          ec = e;
-          n_read = n;
-        };
-        if (header_only) {
-          http::async_read_header(stream, impl_->buffer, parser, done);
-        } else {
-          http::async_read(stream, impl_->buffer, parser, done);
-        }
-      });
-      impl_->run();
-      read += n_read;
-      if (ec) break;
-    }
+    const size_t read = impl_->read(parser, ec);
     bytes_received_ += read;
     if (ec) {
       if (reused && attempt == 0 && read == 0 && is_stale_connection_error(ec) && !aborted_) {
@@ -417,16 +476,8 @@ HttpResponse HttpClient::request(std::string_view method, std::string_view targe
                                                     : "reading the answer failed: ") +
                                   ec.message());
     }
-    HttpResponse out;
     auto& res = parser.get();
-    out.status = static_cast<int>(res.result_int());
-    for (const auto& field : res) {
-      std::string name(field.name_string());
-      std::transform(name.begin(), name.end(), name.begin(),
-                     [](unsigned char c) { return std::tolower(c); });
-      out.headers[name] = std::string(field.value());
-    }
-    out.body = std::move(res.body());
+    HttpResponse out = take_response(res);
     if (!res.keep_alive()) impl_->close();
     return out;
   }

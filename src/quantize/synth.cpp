@@ -172,10 +172,10 @@ const SynthShape* find_synth_shape(const std::string& name) {
   return nullptr;
 }
 
-SynthReport write_synth_model(const SynthShape& s, const std::string& out_path,
-                              const SynthOptions& opt) {
-  const auto t0 = std::chrono::steady_clock::now();
-  GgufWriter w;
+namespace {
+
+// general.* and the architecture's hyperparameters, as llama.cpp names them.
+void set_synth_metadata(GgufWriter& w, const SynthShape& s, const SynthOptions& opt) {
   const std::string a = s.arch;
   w.set_string("general.architecture", a);
   w.set_string("general.type", "model");
@@ -203,7 +203,11 @@ SynthReport write_synth_model(const SynthShape& s, const std::string& out_path,
     w.set_u32(a + ".attention.sliding_window", s.sliding_window);
     w.set_f32(a + ".rope.freq_base_swa", s.rope_base_swa);
   }
+}
 
+// The tokenizer.* keys of --vocab-from (which must have the shape's vocabulary size), else a
+// synthetic vocabulary.
+void set_synth_vocab(GgufWriter& w, const SynthShape& s, const SynthOptions& opt) {
   if (!opt.vocab_from.empty()) {
     auto vf = GgufFile::open(opt.vocab_from);
     const auto& toks = vf->get_string_array("tokenizer.ggml.tokens");
@@ -218,13 +222,18 @@ SynthReport write_synth_model(const SynthShape& s, const std::string& out_path,
   } else {
     write_synthetic_vocab(w, s.n_vocab);
   }
+}
 
+// Every tensor of the shape, its type planned as `tandem quantize` would, rows of seeded normal
+// values quantized in parallel (row r of tensor i depends only on seed, i and r, so the file
+// is the same for any thread count). Fills rep.plans and rep.n_params.
+void add_synth_tensors(GgufWriter& w, const SynthShape& s, const SynthOptions& opt,
+                       SynthReport& rep) {
   const auto specs = tensor_specs(s);
   std::vector<TensorDesc> descs;
   for (const auto& t : specs)
     descs.push_back({t.name, t.ne1 > 1 ? 2u : 1u, t.ne0, TensorType::F32});
   MixModel mm{s.arch, s.n_layer, s.n_head, s.n_head_kv};
-  SynthReport rep;
   rep.plans = plan_tensor_types(descs, mm, opt.file_type, opt.pure);
 
   ThreadPool pool(opt.n_threads > 0 ? opt.n_threads : default_thread_count());
@@ -248,6 +257,18 @@ SynthReport write_synth_model(const SynthShape& s, const std::string& out_path,
     if (opt.on_tensor) opt.on_tensor(i, rep.plans.size(), p);
     ++i;
   }
+}
+
+}  // namespace
+
+SynthReport write_synth_model(const SynthShape& s, const std::string& out_path,
+                              const SynthOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  GgufWriter w;
+  set_synth_metadata(w, s, opt);
+  set_synth_vocab(w, s, opt);
+  SynthReport rep;
+  add_synth_tensors(w, s, opt, rep);
   w.write(out_path);
   rep.file_bytes = std::filesystem::file_size(out_path);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -64,55 +64,20 @@ void save_router(const std::string& path, const MlpRouterModel& m, const RouterF
   w.write(path);
 }
 
-LoadedRouter load_router(const std::string& path, const RouterExpectations& expect) {
-  const auto f = GgufFile::open(path);
-  auto fail = [&](const std::string& what) -> Error { return Error(path + ": " + what); };
-  const auto arch = f->get_string_opt("general.architecture");
-  if (!arch || *arch != kArch) {
-    throw fail("not a tandem router (general.architecture is '" +
-               std::string(arch ? *arch : "<missing>") + "', expected '" + kArch + "')");
-  }
-  const uint64_t version = f->get_u64("tandem_router.version");
-  if (version != kRouterFileVersion) {
-    throw fail("router file version " + std::to_string(version) + " (this build reads " +
-               std::to_string(kRouterFileVersion) + ")");
-  }
-  LoadedRouter out;
-  auto m = std::make_shared<MlpRouterModel>();
-  m->spec.n_embd = static_cast<int>(f->get_u64("tandem_router.n_embd"));
-  m->spec.top_k = static_cast<int>(f->get_u64("tandem_router.top_k"));
-  const uint64_t n_layers = f->get_u64("tandem_router.n_layers");
-  out.info.vocab_hash = std::string(f->get_string("tandem_router.edge.vocab_hash"));
-  out.info.n_vocab = static_cast<uint32_t>(f->get_u64("tandem_router.edge.n_vocab"));
-  out.info.edge_name = std::string(f->get_string_opt("tandem_router.edge.name").value_or(""));
-  out.info.label = std::string(f->get_string_opt("tandem_router.label").value_or(""));
-  out.info.training_json = std::string(f->get_string_opt("tandem_router.training").value_or(""));
+namespace {
 
-  const std::string for_model = expect.edge_path.empty() ? "the edge model" : expect.edge_path;
-  if (!expect.vocab_hash.empty() && expect.vocab_hash != out.info.vocab_hash) {
-    throw fail("this router was trained for another model: its vocabulary hash is " +
-               out.info.vocab_hash + " ('" + out.info.edge_name + "'), " + for_model + "'s is " +
-               expect.vocab_hash);
-  }
-  if (expect.n_vocab && expect.n_vocab != out.info.n_vocab) {
-    throw fail("this router was trained for another model: n_vocab " +
-               std::to_string(out.info.n_vocab) + ", " + for_model + " has " +
-               std::to_string(expect.n_vocab));
-  }
-  if (expect.n_embd && expect.n_embd != m->spec.n_embd) {
-    throw fail("this router was trained for another model: hidden width (n_embd) " +
-               std::to_string(m->spec.n_embd) + ", " + for_model + " has " +
-               std::to_string(expect.n_embd));
-  }
-  const std::string features(f->get_string("tandem_router.features"));
-  if (features != m->spec.describe()) {
-    throw fail("feature spec '" + features + "' is not the one this build computes ('" +
-               m->spec.describe() + "')");
-  }
-
+// What the steps of load_router share: the open file, its path (which starts every error
+// message) and the FNV-1a hash of the weight tensors read so far, in file order.
+struct RouterReader {
+  const GgufFile& f;
+  const std::string& path;
   uint64_t hash = kFnvBasis;
-  auto tensor = [&](const std::string& name, int64_t ne0, int64_t ne1) {
-    const GgufTensorInfo* t = f->find_tensor(name);
+
+  Error fail(const std::string& what) const { return Error(path + ": " + what); }
+
+  // An F32 tensor of shape [ne0] (ne1 == 1) or [ne0, ne1], copied out and added to the hash.
+  std::vector<float> tensor(const std::string& name, int64_t ne0, int64_t ne1) {
+    const GgufTensorInfo* t = f.find_tensor(name);
     if (!t) throw fail("tensor '" + name + "' is missing");
     if (t->type != TensorType::F32 || t->ne[0] != ne0 || t->n_rows() != ne1) {
       throw fail("tensor '" + name + "' is " + t->shape_string() + ", expected [" +
@@ -122,36 +87,109 @@ LoadedRouter load_router(const std::string& path, const RouterExpectations& expe
     std::memcpy(v.data(), t->data, v.size() * sizeof(float));
     hash = fnv1a(hash, t->data, v.size() * sizeof(float));
     return v;
-  };
-  const int F = m->spec.n_features();
-  if (n_layers < 1 || n_layers > 8) throw fail(std::to_string(n_layers) + " layers (1..8)");
-  m->mean = tensor("feature.mean", F, 1);
-  m->scale = tensor("feature.scale", F, 1);
+  }
+};
+
+// general.architecture and the file version: is this a router file this build reads?
+void check_kind(const RouterReader& r) {
+  const auto arch = r.f.get_string_opt("general.architecture");
+  if (!arch || *arch != kArch) {
+    throw r.fail("not a tandem router (general.architecture is '" +
+                 std::string(arch ? *arch : "<missing>") + "', expected '" + kArch + "')");
+  }
+  const uint64_t version = r.f.get_u64("tandem_router.version");
+  if (version != kRouterFileVersion) {
+    throw r.fail("router file version " + std::to_string(version) + " (this build reads " +
+                 std::to_string(kRouterFileVersion) + ")");
+  }
+}
+
+// The feature spec into m and the edge model's identity into info; returns the layer count
+// (checked later, with the weights).
+uint64_t read_metadata(const GgufFile& f, MlpRouterModel& m, RouterFileInfo& info) {
+  m.spec.n_embd = static_cast<int>(f.get_u64("tandem_router.n_embd"));
+  m.spec.top_k = static_cast<int>(f.get_u64("tandem_router.top_k"));
+  const uint64_t n_layers = f.get_u64("tandem_router.n_layers");
+  info.vocab_hash = std::string(f.get_string("tandem_router.edge.vocab_hash"));
+  info.n_vocab = static_cast<uint32_t>(f.get_u64("tandem_router.edge.n_vocab"));
+  info.edge_name = std::string(f.get_string_opt("tandem_router.edge.name").value_or(""));
+  info.label = std::string(f.get_string_opt("tandem_router.label").value_or(""));
+  info.training_json = std::string(f.get_string_opt("tandem_router.training").value_or(""));
+  return n_layers;
+}
+
+// The router must have been trained for this edge model (vocabulary, width) and compute the
+// features this build computes.
+void check_fits(const RouterReader& r, const RouterExpectations& expect, const MlpRouterModel& m,
+                const RouterFileInfo& info) {
+  const std::string for_model = expect.edge_path.empty() ? "the edge model" : expect.edge_path;
+  if (!expect.vocab_hash.empty() && expect.vocab_hash != info.vocab_hash) {
+    throw r.fail("this router was trained for another model: its vocabulary hash is " +
+                 info.vocab_hash + " ('" + info.edge_name + "'), " + for_model + "'s is " +
+                 expect.vocab_hash);
+  }
+  if (expect.n_vocab && expect.n_vocab != info.n_vocab) {
+    throw r.fail("this router was trained for another model: n_vocab " +
+                 std::to_string(info.n_vocab) + ", " + for_model + " has " +
+                 std::to_string(expect.n_vocab));
+  }
+  if (expect.n_embd && expect.n_embd != m.spec.n_embd) {
+    throw r.fail("this router was trained for another model: hidden width (n_embd) " +
+                 std::to_string(m.spec.n_embd) + ", " + for_model + " has " +
+                 std::to_string(expect.n_embd));
+  }
+  const std::string features(r.f.get_string("tandem_router.features"));
+  if (features != m.spec.describe()) {
+    throw r.fail("feature spec '" + features + "' is not the one this build computes ('" +
+                 m.spec.describe() + "')");
+  }
+}
+
+// Standardisation [F] and n_layers layers (layer l's weight [n_in][n_out], n_in the previous
+// layer's n_out), then the stored hash of all of them.
+void read_weights(RouterReader& r, uint64_t n_layers, MlpRouterModel& m) {
+  const int F = m.spec.n_features();
+  if (n_layers < 1 || n_layers > 8) throw r.fail(std::to_string(n_layers) + " layers (1..8)");
+  m.mean = r.tensor("feature.mean", F, 1);
+  m.scale = r.tensor("feature.scale", F, 1);
   int n_in = F;
   for (uint64_t l = 0; l < n_layers; ++l) {
     const std::string base = "layer." + std::to_string(l);
-    const GgufTensorInfo* t = f->find_tensor(base + ".weight");
-    if (!t) throw fail("tensor '" + base + ".weight' is missing");
+    const GgufTensorInfo* t = r.f.find_tensor(base + ".weight");
+    if (!t) throw r.fail("tensor '" + base + ".weight' is missing");
     MlpLayer L;
     L.n_in = n_in;
     L.n_out = static_cast<int>(t->n_rows());
-    if (L.n_out < 1 || L.n_out > 4096) throw fail("tensor '" + base + ".weight' has bad shape");
-    L.weight = tensor(base + ".weight", n_in, L.n_out);
-    L.bias = tensor(base + ".bias", L.n_out, 1);
+    if (L.n_out < 1 || L.n_out > 4096) throw r.fail("tensor '" + base + ".weight' has bad shape");
+    L.weight = r.tensor(base + ".weight", n_in, L.n_out);
+    L.bias = r.tensor(base + ".bias", L.n_out, 1);
     n_in = L.n_out;
-    m->layers.push_back(std::move(L));
+    m.layers.push_back(std::move(L));
   }
-  const uint64_t stored = f->get_u64("tandem_router.weights_hash");
-  if (stored != hash) {
-    throw fail("the weights are damaged: tandem_router.weights_hash is " + std::to_string(stored) +
-               ", the tensors hash to " + std::to_string(hash));
+  const uint64_t stored = r.f.get_u64("tandem_router.weights_hash");
+  if (stored != r.hash) {
+    throw r.fail("the weights are damaged: tandem_router.weights_hash is " +
+                 std::to_string(stored) + ", the tensors hash to " + std::to_string(r.hash));
   }
+}
+
+}  // namespace
+
+LoadedRouter load_router(const std::string& path, const RouterExpectations& expect) {
+  const auto f = GgufFile::open(path);
+  RouterReader r{*f, path};
+  check_kind(r);
+  LoadedRouter out;
+  auto m = std::make_shared<MlpRouterModel>();
+  const uint64_t n_layers = read_metadata(*f, *m, out.info);
+  check_fits(r, expect, *m, out.info);
+  read_weights(r, n_layers, *m);
   m->calib_threshold = f->get_f32_array("tandem_router.calibration.threshold");
   m->calib_share = f->get_f32_array("tandem_router.calibration.share");
   try {
     m->validate();
   } catch (const std::invalid_argument& e) {
-    throw fail(e.what());
+    throw r.fail(e.what());
   }
   out.model = std::move(m);
   return out;

@@ -190,6 +190,99 @@ std::vector<uint8_t> encode_trace_sequence(const TraceHeader& h, const TraceSequ
   return out;
 }
 
+namespace {
+
+// One record of rec_bytes at p (little-endian 4-byte fields, layout in trace.h): the scalars,
+// then log_top [top_k] and hidden [n_embd] floats.
+void decode_record(const uint8_t* p, const TraceHeader& h, TraceRecord& r) {
+  auto f32 = [&](size_t k) {
+    float v;
+    std::memcpy(&v, p + 4 * k, 4);
+    return v;
+  };
+  auto i32 = [&](size_t k) {
+    int32_t v;
+    std::memcpy(&v, p + 4 * k, 4);
+    return v;
+  };
+  const uint32_t K = h.top_k, D = h.n_embd;
+  r.position = i32(0);
+  r.edge_top1 = i32(1);
+  r.true_token = i32(2);
+  r.cloud_top1 = i32(3);
+  r.cloud_lp_edge = f32(4);
+  r.cloud_lp_true = f32(5);
+  r.edge_lp_true = f32(6);
+  r.entropy = f32(7);
+  r.margin = f32(8);
+  r.kl_cloud_edge = f32(9);
+  const size_t scalars = record_scalars(h.version);
+  if (h.version >= 2) r.outcome = f32(10);
+  r.flags = static_cast<uint32_t>(i32(scalars - 1));
+  r.log_top.resize(K);
+  std::memcpy(r.log_top.data(), p + 4 * scalars, 4 * K);
+  r.hidden.resize(D);
+  std::memcpy(r.hidden.data(), p + 4 * (scalars + K), 4 * D);
+}
+
+// Positions are never negative; token ids lie below n_vocab when the header names it. Checked
+// after the hash, so that damage is reported as damage. The records end at hash_at.
+void check_record_ids(const Cursor& c, const TraceHeader& h, const TraceSequence& seq,
+                      size_t hash_at, size_t rec_bytes) {
+  const size_t count = seq.records.size();
+  for (size_t i = 0; i < count; ++i) {
+    const TraceRecord& r = seq.records[i];
+    const size_t rec_at = hash_at - (count - i) * rec_bytes;
+    if (r.position < 0 || (h.n_vocab && (r.edge_top1 < 0 || r.cloud_top1 < 0 ||
+                                         r.edge_top1 >= static_cast<int32_t>(h.n_vocab) ||
+                                         r.cloud_top1 >= static_cast<int32_t>(h.n_vocab) ||
+                                         r.true_token >= static_cast<int32_t>(h.n_vocab)))) {
+      c.fail(rec_at, "record " + std::to_string(i) + " of sequence " + std::to_string(seq.id) +
+                         ": a position or token id is out of range (n_vocab " +
+                         std::to_string(h.n_vocab) + ")");
+    }
+  }
+}
+
+// One sequence: tag "SEQ1", id, record count, the records, the FNV-1a hash of all of it.
+// Throws TruncatedTrace when the file ends inside it, Error on any other damage.
+TraceSequence read_sequence(Cursor& c, const TraceHeader& h, const std::string& name,
+                            size_t rec_bytes) {
+  const size_t start = c.offset();
+  const uint32_t tag = c.get<uint32_t>("a sequence tag");
+  if (tag != kSeqTag) {
+    c.fail(start, "expected a sequence tag \"SEQ1\" (0x31514553), found 0x" + hex(tag));
+  }
+  const uint64_t id = c.get<uint64_t>("the sequence id");
+  const size_t count_at = c.offset();
+  const uint32_t count = c.get<uint32_t>("the record count");
+  // Checked before anything is allocated: the records must fit in what is left.
+  if (static_cast<uint64_t>(count) * rec_bytes + 8 > c.left()) {
+    throw TruncatedTrace(name + ": offset " + std::to_string(count_at) + ": truncated: sequence " +
+                         std::to_string(id) + " says " + std::to_string(count) + " records (" +
+                         std::to_string(static_cast<uint64_t>(count) * rec_bytes + 8) +
+                         " bytes with its hash), found " + std::to_string(c.left()) +
+                         " bytes (file ends)");
+  }
+  TraceSequence seq;
+  seq.id = id;
+  seq.records.resize(count);
+  for (uint32_t i = 0; i < count; ++i)
+    decode_record(c.take(rec_bytes, "a record"), h, seq.records[i]);
+  const size_t hash_at = c.offset();
+  const uint64_t stored = c.get<uint64_t>("the sequence hash");
+  const uint64_t computed = fnv1a(c.at(start), hash_at - start);
+  if (stored != computed) {
+    c.fail(hash_at, "sequence " + std::to_string(id) + " (starting at offset " +
+                        std::to_string(start) + ") is damaged: hash expected " + hex(computed) +
+                        ", found " + hex(stored));
+  }
+  check_record_ids(c, h, seq, hash_at, rec_bytes);
+  return seq;
+}
+
+}  // namespace
+
 TraceFile parse_trace(const uint8_t* data, size_t size, const std::string& name,
                       const TraceReadOptions& options, size_t* valid_bytes) {
   Cursor c(data, size, name);
@@ -197,81 +290,9 @@ TraceFile parse_trace(const uint8_t* data, size_t size, const std::string& name,
   tf.header = parse_header(c);
   if (valid_bytes) *valid_bytes = c.offset();
   const size_t rec_bytes = trace_record_bytes(tf.header);
-  const uint32_t K = tf.header.top_k, D = tf.header.n_embd;
   while (c.left() > 0) {
-    const size_t start = c.offset();
     try {
-      const uint32_t tag = c.get<uint32_t>("a sequence tag");
-      if (tag != kSeqTag) {
-        c.fail(start, "expected a sequence tag \"SEQ1\" (0x31514553), found 0x" + hex(tag));
-      }
-      const uint64_t id = c.get<uint64_t>("the sequence id");
-      const size_t count_at = c.offset();
-      const uint32_t count = c.get<uint32_t>("the record count");
-      // Checked before anything is allocated: the records must fit in what is left.
-      if (static_cast<uint64_t>(count) * rec_bytes + 8 > c.left()) {
-        throw TruncatedTrace(
-            name + ": offset " + std::to_string(count_at) + ": truncated: sequence " +
-            std::to_string(id) + " says " + std::to_string(count) + " records (" +
-            std::to_string(static_cast<uint64_t>(count) * rec_bytes + 8) +
-            " bytes with its hash), found " + std::to_string(c.left()) + " bytes (file ends)");
-      }
-      TraceSequence seq;
-      seq.id = id;
-      seq.records.resize(count);
-      for (uint32_t i = 0; i < count; ++i) {
-        TraceRecord& r = seq.records[i];
-        const uint8_t* p = c.take(rec_bytes, "a record");
-        auto f32 = [&](size_t k) {
-          float v;
-          std::memcpy(&v, p + 4 * k, 4);
-          return v;
-        };
-        auto i32 = [&](size_t k) {
-          int32_t v;
-          std::memcpy(&v, p + 4 * k, 4);
-          return v;
-        };
-        r.position = i32(0);
-        r.edge_top1 = i32(1);
-        r.true_token = i32(2);
-        r.cloud_top1 = i32(3);
-        r.cloud_lp_edge = f32(4);
-        r.cloud_lp_true = f32(5);
-        r.edge_lp_true = f32(6);
-        r.entropy = f32(7);
-        r.margin = f32(8);
-        r.kl_cloud_edge = f32(9);
-        const size_t scalars = record_scalars(tf.header.version);
-        if (tf.header.version >= 2) r.outcome = f32(10);
-        r.flags = static_cast<uint32_t>(i32(scalars - 1));
-        r.log_top.resize(K);
-        std::memcpy(r.log_top.data(), p + 4 * scalars, 4 * K);
-        r.hidden.resize(D);
-        std::memcpy(r.hidden.data(), p + 4 * (scalars + K), 4 * D);
-      }
-      const size_t hash_at = c.offset();
-      const uint64_t stored = c.get<uint64_t>("the sequence hash");
-      const uint64_t computed = fnv1a(c.at(start), hash_at - start);
-      if (stored != computed) {
-        c.fail(hash_at, "sequence " + std::to_string(id) + " (starting at offset " +
-                            std::to_string(start) + ") is damaged: hash expected " + hex(computed) +
-                            ", found " + hex(stored));
-      }
-      for (uint32_t i = 0; i < count; ++i) {
-        const TraceRecord& r = seq.records[i];
-        const size_t rec_at = hash_at - (count - i) * rec_bytes;
-        if (r.position < 0 ||
-            (tf.header.n_vocab && (r.edge_top1 < 0 || r.cloud_top1 < 0 ||
-                                   r.edge_top1 >= static_cast<int32_t>(tf.header.n_vocab) ||
-                                   r.cloud_top1 >= static_cast<int32_t>(tf.header.n_vocab) ||
-                                   r.true_token >= static_cast<int32_t>(tf.header.n_vocab)))) {
-          c.fail(rec_at, "record " + std::to_string(i) + " of sequence " + std::to_string(id) +
-                             ": a position or token id is out of range (n_vocab " +
-                             std::to_string(tf.header.n_vocab) + ")");
-        }
-      }
-      tf.sequences.push_back(std::move(seq));
+      tf.sequences.push_back(read_sequence(c, tf.header, name, rec_bytes));
       if (valid_bytes) *valid_bytes = c.offset();
     } catch (const TruncatedTrace&) {
       // A sequence that runs past the end is a half-written tail; anything else is damage.

@@ -364,59 +364,65 @@ void calibrate(MlpRouterModel& model, std::vector<float> scores, int n) {
   }
 }
 
-TrainResult train_router(const Dataset& d, const LabelSpec& label, const TrainOptions& o) {
-  const int F = d.width();
-  if (d.n() < 10) throw Error("router training: " + std::to_string(d.n()) + " rows, need >= 10");
-  if (o.hidden.empty() || o.hidden.size() > 2)
-    throw Error("router training: 1 or 2 hidden layers, not " + std::to_string(o.hidden.size()));
-  Rng rng{o.seed};
+namespace {
 
-  // Split by sequence: shuffle the distinct ids, the first val_fraction of them validate.
+// Train and validation rows, split by sequence so that no sequence has rows on both sides.
+struct RowSplit {
+  std::vector<size_t> train_rows, val_rows;
+  size_t n_seq = 0, n_val_seq = 0;  // distinct sequences, and how many of them validate
+};
+
+// Shuffles the distinct sequence ids; the first val_fraction of them validate (at least one
+// and not all, when there are two or more). With one sequence only, falls back to a split by
+// row (every fifth row validates), which the summary's counts show.
+RowSplit split_by_sequence(const Dataset& d, double val_fraction, Rng& rng) {
+  RowSplit split;
   std::vector<uint64_t> ids = d.seq;
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.below(i)]);
-  size_t n_val_seq = static_cast<size_t>(std::llround(o.val_fraction * ids.size()));
+  size_t n_val_seq = static_cast<size_t>(std::llround(val_fraction * ids.size()));
   if (ids.size() >= 2) n_val_seq = std::clamp<size_t>(n_val_seq, 1, ids.size() - 1);
   std::vector<uint64_t> val_ids(ids.begin(), ids.begin() + n_val_seq);
   std::sort(val_ids.begin(), val_ids.end());
-  std::vector<size_t> train_rows, val_rows;
+  std::vector<size_t>& train_rows = split.train_rows;
+  std::vector<size_t>& val_rows = split.val_rows;
   for (size_t i = 0; i < d.n(); ++i) {
     (std::binary_search(val_ids.begin(), val_ids.end(), d.seq[i]) ? val_rows : train_rows)
         .push_back(i);
   }
   if (val_rows.empty() || train_rows.empty()) {
-    // One sequence only: fall back to a split by row (said in the summary by the counts).
     train_rows.clear(), val_rows.clear();
     for (size_t i = 0; i < d.n(); ++i) (i % 5 == 4 ? val_rows : train_rows).push_back(i);
   }
+  split.n_seq = ids.size();
+  split.n_val_seq = n_val_seq;
+  return split;
+}
 
-  TrainResult res;
-  res.n_train = train_rows.size();
-  res.n_val = val_rows.size();
-  res.n_val_seq = n_val_seq;
-  res.n_train_seq = ids.size() - n_val_seq;
-  MlpRouterModel& m = res.model;
-  m.spec = d.spec;
-
-  // Standardisation over the training rows.
+// m.mean and m.scale [F]: the mean and standard deviation of each feature over `rows` (a
+// constant feature gets scale 1).
+void fit_standardisation(const Dataset& d, const std::vector<size_t>& rows, MlpRouterModel& m) {
+  const int F = d.width();
   m.mean.assign(F, 0);
   m.scale.assign(F, 0);
   std::vector<double> sum(F, 0), sq(F, 0);
-  for (size_t r : train_rows) {
+  for (size_t r : rows) {
     const float* x = d.x.data() + r * F;
     for (int i = 0; i < F; ++i) sum[i] += x[i], sq[i] += static_cast<double>(x[i]) * x[i];
   }
-  const double nt = static_cast<double>(train_rows.size());
+  const double nt = static_cast<double>(rows.size());
   for (int i = 0; i < F; ++i) {
     const double mu = sum[i] / nt, var = std::max(0.0, sq[i] / nt - mu * mu);
     m.mean[i] = static_cast<float>(mu);
     m.scale[i] = var > 1e-12 ? static_cast<float>(std::sqrt(var)) : 1.0f;
   }
+}
 
-  // He-initialised layers F → hidden... → 1.
+// He-initialised layers F → hidden... → 1; weights [n_out][n_in], biases zero.
+void init_layers(MlpRouterModel& m, int F, const std::vector<int>& hidden, Rng& rng) {
   std::vector<int> widths = {F};
-  widths.insert(widths.end(), o.hidden.begin(), o.hidden.end());
+  widths.insert(widths.end(), hidden.begin(), hidden.end());
   widths.push_back(1);
   for (size_t l = 0; l + 1 < widths.size(); ++l) {
     MlpLayer L;
@@ -428,7 +434,12 @@ TrainResult train_router(const Dataset& d, const LabelSpec& label, const TrainOp
     L.bias.assign(L.n_out, 0);
     m.layers.push_back(std::move(L));
   }
+}
 
+// The weight of a positive row in the loss: negatives / positives over the training rows, so
+// both classes weigh the same (1 for regression, without class weighting, or one class only).
+double positive_weight(const Dataset& d, const LabelSpec& label, const TrainOptions& o,
+                       const std::vector<size_t>& train_rows) {
   double w_pos = 1;
   if (!label.regression() && o.class_weighting) {
     size_t n_pos = 0;
@@ -436,85 +447,128 @@ TrainResult train_router(const Dataset& d, const LabelSpec& label, const TrainOp
     if (n_pos > 0 && n_pos < train_rows.size())
       w_pos = static_cast<double>(train_rows.size() - n_pos) / n_pos;
   }
+  return w_pos;
+}
 
-  const size_t n_layers = m.layers.size();
-  std::vector<AdamSlot> adam_w(n_layers), adam_b(n_layers);
-  std::vector<std::vector<float>> grad_w(n_layers), grad_b(n_layers);
-  for (size_t l = 0; l < n_layers; ++l) {
-    adam_w[l].init(m.layers[l].weight.size());
-    adam_b[l].init(m.layers[l].bias.size());
-  }
-  std::vector<std::vector<float>> acts(n_layers), deltas(n_layers + 1);
+// What the loss needs besides the model: the data, the label kind and the class weight.
+struct LossContext {
+  const Dataset& d;
+  bool regression;
+  double w_pos;
+};
+
+// Mean loss of the model over `rows`; their scores into *scores_out when given.
+double mean_loss(const LossContext& ctx, const MlpRouterModel& m, const std::vector<size_t>& rows,
+                 std::vector<float>* scores_out) {
+  const std::vector<float> s = predict(ctx.d, m, rows);
+  double total = 0, unused;
+  for (size_t i = 0; i < rows.size(); ++i)
+    total += loss_and_grad(s[i], ctx.d.y[rows[i]], ctx.regression, ctx.w_pos, &unused);
+  if (scores_out) *scores_out = s;
+  return total / static_cast<double>(rows.size());
+}
+
+// The buffers of one mini-batch step, kept across batches (b rows): acts[l] is layer l's input
+// [b][n_in]; deltas[l] is d loss / d (pre-activation output of layer l) [b][n_out], the mean
+// over the batch; grad_w/grad_b are shaped like the layer; t counts Adam steps.
+struct Backprop {
+  std::vector<AdamSlot> adam_w, adam_b;
+  std::vector<std::vector<float>> grad_w, grad_b;
+  std::vector<std::vector<float>> acts, deltas;
   std::vector<float> out;
+  int t = 0;
 
-  auto eval_loss = [&](const std::vector<size_t>& rows, std::vector<float>* scores_out) {
-    const std::vector<float> s = predict(d, m, rows);
-    double total = 0, unused;
-    for (size_t i = 0; i < rows.size(); ++i)
-      total += loss_and_grad(s[i], d.y[rows[i]], label.regression(), w_pos, &unused);
-    if (scores_out) *scores_out = s;
-    return total / static_cast<double>(rows.size());
-  };
+  explicit Backprop(const MlpRouterModel& m)
+      : adam_w(m.layers.size()),
+        adam_b(m.layers.size()),
+        grad_w(m.layers.size()),
+        grad_b(m.layers.size()),
+        acts(m.layers.size()),
+        deltas(m.layers.size() + 1) {
+    for (size_t l = 0; l < m.layers.size(); ++l) {
+      adam_w[l].init(m.layers[l].weight.size());
+      adam_b[l].init(m.layers[l].bias.size());
+    }
+  }
+};
 
+// From deltas of the last layer down: each layer's gradients, then the deltas of the layer
+// below through its weights and ReLU (whose output is acts[l]).
+void backward(const std::vector<MlpLayer>& layers, Backprop& bp, int b) {
+  for (size_t l = layers.size(); l-- > 0;) {
+    const MlpLayer& L = layers[l];
+    const std::vector<float>& a = bp.acts[l];
+    const std::vector<float>& dz = bp.deltas[l];
+    bp.grad_w[l].assign(L.weight.size(), 0);
+    bp.grad_b[l].assign(L.n_out, 0);
+    for (int r = 0; r < b; ++r) {
+      const float* ar = a.data() + static_cast<size_t>(r) * L.n_in;
+      for (int oo = 0; oo < L.n_out; ++oo) {
+        const float g = dz[static_cast<size_t>(r) * L.n_out + oo];
+        if (g == 0) continue;
+        float* gw = bp.grad_w[l].data() + static_cast<size_t>(oo) * L.n_in;
+        for (int i = 0; i < L.n_in; ++i) gw[i] += g * ar[i];
+        bp.grad_b[l][oo] += g;
+      }
+    }
+    if (l == 0) break;
+    std::vector<float>& dprev = bp.deltas[l - 1];
+    dprev.assign(static_cast<size_t>(b) * L.n_in, 0);
+    for (int r = 0; r < b; ++r) {
+      float* dp = dprev.data() + static_cast<size_t>(r) * L.n_in;
+      for (int oo = 0; oo < L.n_out; ++oo) {
+        const float g = dz[static_cast<size_t>(r) * L.n_out + oo];
+        if (g == 0) continue;
+        const float* w = L.weight.data() + static_cast<size_t>(oo) * L.n_in;
+        for (int i = 0; i < L.n_in; ++i) dp[i] += g * w[i];
+      }
+      const float* ar = a.data() + static_cast<size_t>(r) * L.n_in;
+      for (int i = 0; i < L.n_in; ++i)
+        if (ar[i] <= 0) dp[i] = 0;
+    }
+  }
+}
+
+// One Adam step on the b rows order[s..s+b); adds their summed loss to *epoch_loss (row by row,
+// the order the reported loss has always been summed in).
+void train_batch(const LossContext& ctx, const TrainOptions& o, const std::vector<size_t>& order,
+                 size_t s, int b, MlpRouterModel& m, Backprop& bp, double* epoch_loss) {
+  const size_t n_layers = m.layers.size();
+  standardise_rows(ctx.d, m, order, s, b, bp.acts[0]);
+  forward(m.layers, bp.acts, b, bp.out);
+  bp.deltas[n_layers - 1].resize(b);
+  for (int r = 0; r < b; ++r) {
+    double g;
+    *epoch_loss += loss_and_grad(bp.out[r], ctx.d.y[order[s + r]], ctx.regression, ctx.w_pos, &g);
+    bp.deltas[n_layers - 1][r] = static_cast<float>(g / b);
+  }
+  backward(m.layers, bp, b);
+  ++bp.t;
+  for (size_t l = 0; l < n_layers; ++l) {
+    bp.adam_w[l].step(m.layers[l].weight, bp.grad_w[l], o.lr, o.weight_decay, bp.t, true);
+    bp.adam_b[l].step(m.layers[l].bias, bp.grad_b[l], o.lr, o.weight_decay, bp.t, false);
+  }
+}
+
+// Epochs of shuffled mini-batches with early stopping on the validation loss: res.model ends
+// as the best epoch's model; res.epochs_run, best_epoch and train_loss are filled.
+void run_epochs(const LossContext& ctx, const TrainOptions& o, const RowSplit& split, Rng& rng,
+                TrainResult& res) {
+  MlpRouterModel& m = res.model;
+  Backprop bp(m);
   MlpRouterModel best = m;
   double best_val = INFINITY;
-  int since_best = 0, t = 0;
-  std::vector<size_t> order = train_rows;
+  int since_best = 0;
+  std::vector<size_t> order = split.train_rows;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
     double epoch_loss = 0;
     for (size_t s = 0; s < order.size(); s += o.batch) {
       const int b = static_cast<int>(std::min<size_t>(o.batch, order.size() - s));
-      standardise_rows(d, m, order, s, b, acts[0]);
-      forward(m.layers, acts, b, out);
-      // deltas[l]: d loss / d (pre-activation output of layer l), [b][n_out]; mean over the batch.
-      deltas[n_layers - 1].resize(b);
-      for (int r = 0; r < b; ++r) {
-        double g;
-        epoch_loss += loss_and_grad(out[r], d.y[order[s + r]], label.regression(), w_pos, &g);
-        deltas[n_layers - 1][r] = static_cast<float>(g / b);
-      }
-      for (size_t l = n_layers; l-- > 0;) {
-        const MlpLayer& L = m.layers[l];
-        const std::vector<float>& a = acts[l];
-        const std::vector<float>& dz = deltas[l];
-        grad_w[l].assign(L.weight.size(), 0);
-        grad_b[l].assign(L.n_out, 0);
-        for (int r = 0; r < b; ++r) {
-          const float* ar = a.data() + static_cast<size_t>(r) * L.n_in;
-          for (int oo = 0; oo < L.n_out; ++oo) {
-            const float g = dz[static_cast<size_t>(r) * L.n_out + oo];
-            if (g == 0) continue;
-            float* gw = grad_w[l].data() + static_cast<size_t>(oo) * L.n_in;
-            for (int i = 0; i < L.n_in; ++i) gw[i] += g * ar[i];
-            grad_b[l][oo] += g;
-          }
-        }
-        if (l == 0) break;
-        // Back through the weights and the ReLU of layer l-1 (whose output is acts[l]).
-        std::vector<float>& dprev = deltas[l - 1];
-        dprev.assign(static_cast<size_t>(b) * L.n_in, 0);
-        for (int r = 0; r < b; ++r) {
-          float* dp = dprev.data() + static_cast<size_t>(r) * L.n_in;
-          for (int oo = 0; oo < L.n_out; ++oo) {
-            const float g = dz[static_cast<size_t>(r) * L.n_out + oo];
-            if (g == 0) continue;
-            const float* w = L.weight.data() + static_cast<size_t>(oo) * L.n_in;
-            for (int i = 0; i < L.n_in; ++i) dp[i] += g * w[i];
-          }
-          const float* ar = a.data() + static_cast<size_t>(r) * L.n_in;
-          for (int i = 0; i < L.n_in; ++i)
-            if (ar[i] <= 0) dp[i] = 0;
-        }
-      }
-      ++t;
-      for (size_t l = 0; l < n_layers; ++l) {
-        adam_w[l].step(m.layers[l].weight, grad_w[l], o.lr, o.weight_decay, t, true);
-        adam_b[l].step(m.layers[l].bias, grad_b[l], o.lr, o.weight_decay, t, false);
-      }
+      train_batch(ctx, o, order, s, b, m, bp, &epoch_loss);
     }
     res.epochs_run = epoch;
-    const double val_loss = eval_loss(val_rows, nullptr);
+    const double val_loss = mean_loss(ctx, m, split.val_rows, nullptr);
     if (o.verbose) {
       std::fprintf(stderr, "[train] epoch %3d  train loss %.5f  val loss %.5f%s\n", epoch,
                    epoch_loss / order.size(), val_loss, val_loss < best_val ? "  *" : "");
@@ -530,7 +584,14 @@ TrainResult train_router(const Dataset& d, const LabelSpec& label, const TrainOp
     }
   }
   m = std::move(best);
-  res.val_loss = eval_loss(val_rows, &res.val_scores);
+}
+
+// The final model's validation loss, scores and metrics, the entropy policy's metrics on the
+// same rows (its score is one of the features), and the calibration table.
+void validate(const LossContext& ctx, const LabelSpec& label, const std::vector<size_t>& val_rows,
+              TrainResult& res) {
+  const Dataset& d = ctx.d;
+  res.val_loss = mean_loss(ctx, res.model, val_rows, &res.val_scores);
   std::vector<float> val_y, val_gain, val_kl;
   for (size_t r : val_rows) {
     val_y.push_back(d.y[r]);
@@ -539,11 +600,35 @@ TrainResult train_router(const Dataset& d, const LabelSpec& label, const TrainOp
   }
   const std::vector<uint8_t> val_pos = binary_labels(val_y, val_gain, label);
   res.val = evaluate_scores(res.val_scores, val_pos, val_gain, val_kl);
-  // The entropy policy's score is one of the features: the reference row on the same data.
   std::vector<float> val_entropy;
+  const int F = d.width();
   for (size_t r : val_rows) val_entropy.push_back(d.x[r * F + d.spec.n_embd + d.spec.top_k]);
   res.val_entropy = evaluate_scores(val_entropy, val_pos, val_gain);
-  calibrate(m, res.val_scores);
+  calibrate(res.model, res.val_scores);
+}
+
+}  // namespace
+
+TrainResult train_router(const Dataset& d, const LabelSpec& label, const TrainOptions& o) {
+  const int F = d.width();
+  if (d.n() < 10) throw Error("router training: " + std::to_string(d.n()) + " rows, need >= 10");
+  if (o.hidden.empty() || o.hidden.size() > 2)
+    throw Error("router training: 1 or 2 hidden layers, not " + std::to_string(o.hidden.size()));
+  Rng rng{o.seed};  // drawn from in this order: the split, the initial weights, each epoch
+
+  const RowSplit split = split_by_sequence(d, o.val_fraction, rng);
+  TrainResult res;
+  res.n_train = split.train_rows.size();
+  res.n_val = split.val_rows.size();
+  res.n_val_seq = split.n_val_seq;
+  res.n_train_seq = split.n_seq - split.n_val_seq;
+  res.model.spec = d.spec;
+
+  fit_standardisation(d, split.train_rows, res.model);
+  init_layers(res.model, F, o.hidden, rng);
+  const LossContext ctx{d, label.regression(), positive_weight(d, label, o, split.train_rows)};
+  run_epochs(ctx, o, split, rng, res);
+  validate(ctx, label, split.val_rows, res);
   return res;
 }
 

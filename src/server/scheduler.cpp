@@ -422,6 +422,55 @@ bool Scheduler::make_room_locked(uint64_t need_tokens, const Session* keep,
   return true;
 }
 
+bool Scheduler::reserve_session_room_locked(Job& job, Session& s, uint64_t cap_tokens) {
+  job.slot = s.slot;
+  ctx_->truncate(s.slot, s.kv_len);
+  slot_len_[s.slot] = ctx_->seq_length(s.slot);
+  const uint64_t need = job.feed.size() + job.reserve_tokens;
+  if (need > cap_tokens || !make_room_locked(need, &s, s.owner, &job.retry_after_s)) {
+    end_unrun_step_locked(s, job.history_before);
+    return false;
+  }
+  slot_target_[s.slot] = slot_len_[s.slot] + static_cast<int>(need);
+  return true;
+}
+
+Scheduler::StatelessPick Scheduler::reserve_stateless_slot_locked(Job& job, uint64_t cap_tokens) {
+  // The free stateless slot whose cache shares the longest prefix with the job's tokens (the
+  // least recently used among equals).
+  StatelessSlot* best = nullptr;
+  size_t best_common = 0;
+  for (auto& st : stateless_) {
+    if (st.busy) continue;
+    size_t common = 0;
+    const size_t limit = std::min({st.cached.size(), job.prefix_key.size() - 1, job.max_reuse});
+    while (common < limit && st.cached[common] == job.prefix_key[common]) ++common;
+    if (!best || common > best_common ||
+        (common == best_common && st.last_used < best->last_used)) {
+      best = &st;
+      best_common = common;
+    }
+  }
+  if (!best) return StatelessPick::AllBusy;
+  const uint64_t need = job.prefix_key.size() - best_common + job.reserve_tokens;
+  best->busy = true;  // keeps make_room from dropping this slot
+  ctx_->truncate(best->slot, static_cast<int>(best_common));
+  best->cached.resize(best_common);
+  slot_len_[best->slot] = static_cast<int>(best_common);
+  if (need > cap_tokens || !make_room_locked(need, nullptr, job.owner, &job.retry_after_s)) {
+    best->busy = false;
+    return StatelessPick::NoRoom;
+  }
+  job.slot = best->slot;
+  job.cached = static_cast<int>(best_common);
+  metrics_.cached_prompt_tokens += best_common;
+  slot_target_[best->slot] = static_cast<int>(best_common + need);
+  return StatelessPick::Reserved;
+}
+
+// Frees the slots closed sessions left, then goes through the queue in order: a job whose
+// client is gone or whose session was lost ends; one that gets KV room moves to `active`; a
+// stateless one waits while every stateless slot is busy; one that cannot get room is refused.
 void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
   for (int slot : slots_to_release_) {
     ctx_->release(slot);
@@ -447,55 +496,24 @@ void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
         job->on_finish(JobFailure::Internal, "the session was lost while its step waited");
         continue;
       }
-      Session& s = sit->second;
-      job->slot = s.slot;
-      ctx_->truncate(s.slot, s.kv_len);
-      slot_len_[s.slot] = ctx_->seq_length(s.slot);
-      const uint64_t need = job->feed.size() + job->reserve_tokens;
-      if (need > cap_tokens || !make_room_locked(need, &s, s.owner, &job->retry_after_s)) {
-        end_unrun_step_locked(s, job->history_before);
+      if (!reserve_session_room_locked(*job, sit->second, cap_tokens)) {
         it = pending_.erase(it);
         ++metrics_.rejected_overload;
         job->on_finish(JobFailure::NoMemory, "the KV memory cap leaves no room for this step");
         continue;
       }
-      slot_target_[s.slot] = slot_len_[s.slot] + static_cast<int>(need);
     } else {
-      // The free stateless slot whose cache shares the longest prefix with the job's tokens.
-      StatelessSlot* best = nullptr;
-      size_t best_common = 0;
-      for (auto& st : stateless_) {
-        if (st.busy) continue;
-        size_t common = 0;
-        const size_t limit =
-            std::min({st.cached.size(), job->prefix_key.size() - 1, job->max_reuse});
-        while (common < limit && st.cached[common] == job->prefix_key[common]) ++common;
-        if (!best || common > best_common ||
-            (common == best_common && st.last_used < best->last_used)) {
-          best = &st;
-          best_common = common;
-        }
-      }
-      if (!best) {
+      const StatelessPick pick = reserve_stateless_slot_locked(*job, cap_tokens);
+      if (pick == StatelessPick::AllBusy) {
         ++it;  // every stateless slot is busy: wait
         continue;
       }
-      const uint64_t need = job->prefix_key.size() - best_common + job->reserve_tokens;
-      best->busy = true;  // keeps make_room from dropping this slot
-      ctx_->truncate(best->slot, static_cast<int>(best_common));
-      best->cached.resize(best_common);
-      slot_len_[best->slot] = static_cast<int>(best_common);
-      if (need > cap_tokens || !make_room_locked(need, nullptr, job->owner, &job->retry_after_s)) {
-        best->busy = false;
+      if (pick == StatelessPick::NoRoom) {
         it = pending_.erase(it);
         ++metrics_.rejected_overload;
         job->on_finish(JobFailure::NoMemory, "the KV memory cap leaves no room for this request");
         continue;
       }
-      job->slot = best->slot;
-      job->cached = static_cast<int>(best_common);
-      metrics_.cached_prompt_tokens += best_common;
-      slot_target_[best->slot] = static_cast<int>(best_common + need);
     }
     it = pending_.erase(it);
     job->on_admit();
@@ -569,18 +587,22 @@ size_t Scheduler::PrefillBudget::fit(const Job& job, size_t take) {
   return n;
 }
 
-// One decode batch: a row from every job that is generating (one token left to feed), then
-// prefill chunks in arrival order, within the token budget.
-void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
+// The rows of one decode batch: batch[i] is a token of the job active[takes[t].job]; a take is
+// the count feed tokens from `begin` of one job; rows maps each batch row that wants logits, in
+// batch order, to (take, feed index).
+struct Scheduler::BatchPlan {
   struct Take {
     size_t job;
     size_t begin, count;
   };
   std::vector<Take> takes;
   std::vector<BatchToken> batch;
-  std::vector<std::pair<size_t, size_t>> rows;  // batch index -> (take, feed index)
-  int budget = options_.batch_tokens;
+  std::vector<std::pair<size_t, size_t>> rows;
+};
 
+// Jobs whose client is gone finish as cancelled; jobs with nothing (left) to feed finish
+// without a batch: a sync step whose tokens are all cached already.
+void Scheduler::finish_unfed_jobs(std::vector<std::shared_ptr<Job>>& active) {
   for (size_t j = 0; j < active.size();) {
     if (active[j]->dropped()) {
       std::shared_ptr<Job> job = active[j];
@@ -590,8 +612,6 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
     }
     ++j;
   }
-  // Jobs with nothing (left) to feed finish without a batch: a sync step whose tokens are all
-  // cached already.
   for (size_t j = 0; j < active.size();) {
     if (active[j]->fed == active[j]->feed.size() && !active[j]->on_feed_done()) {
       std::shared_ptr<Job> job = active[j];
@@ -601,6 +621,13 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
     }
     ++j;
   }
+}
+
+// Decoding jobs first (one token left to feed), then prefill chunks in arrival order, within
+// --batch-tokens and the prefill budget.
+Scheduler::BatchPlan Scheduler::plan_batch(const std::vector<std::shared_ptr<Job>>& active) {
+  BatchPlan plan;
+  int budget = options_.batch_tokens;
   std::vector<size_t> order(active.size());
   for (size_t j = 0; j < active.size(); ++j) order[j] = j;
   const auto decoding = [&](size_t j) { return active[j]->feed.size() - active[j]->fed <= 1; };
@@ -619,53 +646,61 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
     const int pos0 = ctx_->seq_length(job.slot);
     for (size_t i = 0; i < take; ++i) {
       const FeedToken& f = job.feed[job.fed + i];
-      if (f.want_logits) rows.push_back({takes.size(), job.fed + i});
-      batch.push_back({f.id, pos0 + static_cast<int32_t>(i), job.slot, f.want_logits, false});
+      if (f.want_logits) plan.rows.push_back({plan.takes.size(), job.fed + i});
+      plan.batch.push_back({f.id, pos0 + static_cast<int32_t>(i), job.slot, f.want_logits, false});
     }
-    takes.push_back({j, job.fed, take});
+    plan.takes.push_back({j, job.fed, take});
     budget -= static_cast<int>(take);
   }
-  if (batch.empty()) return;
+  return plan;
+}
 
-  metrics_.batch_tokens.observe(static_cast<double>(batch.size()));
-  metrics_.batch_jobs.observe(static_cast<double>(takes.size()));
-  metrics_.queue_depth.observe(static_cast<double>(metrics_.queue_length.load()));
+// Runs the batch; false when it failed, after failing its jobs (validation happened at
+// admission, so a failure here is a bug: the jobs fail, the server keeps serving).
+bool Scheduler::decode_or_fail(std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan) {
   try {
-    ctx_->decode(batch);
+    ctx_->decode(plan.batch);
   } catch (const std::exception& e) {
-    // Validation happened at admission, so this is a bug: fail the jobs, keep serving.
     std::vector<std::shared_ptr<Job>> failed;
-    for (const Take& t : takes) failed.push_back(active[t.job]);
+    for (const BatchPlan::Take& t : plan.takes) failed.push_back(active[t.job]);
     for (auto& job : failed) {
       active.erase(std::find(active.begin(), active.end(), job));
       finish_job(job, JobFailure::Internal, e.what());
     }
-    return;
+    return false;
   }
-  metrics_.prompt_tokens += batch.size();
-  {
-    std::lock_guard lk(mu_);
-    for (const Take& t : takes) {
-      Job& job = *active[t.job];
-      slot_len_[job.slot] = ctx_->seq_length(job.slot);
-      if (job.session_id.empty()) {
-        for (StatelessSlot& st : stateless_) {
-          if (st.slot != job.slot) continue;
-          for (size_t i = 0; i < t.count; ++i) st.cached.push_back(job.feed[t.begin + i].id);
-        }
+  return true;
+}
+
+// The slots' new lengths, and the tokens now in each stateless slot's cache.
+void Scheduler::note_cached_tokens(const std::vector<std::shared_ptr<Job>>& active,
+                                   const BatchPlan& plan) {
+  std::lock_guard lk(mu_);
+  for (const BatchPlan::Take& t : plan.takes) {
+    Job& job = *active[t.job];
+    slot_len_[job.slot] = ctx_->seq_length(job.slot);
+    if (job.session_id.empty()) {
+      for (StatelessSlot& st : stateless_) {
+        if (st.slot != job.slot) continue;
+        for (size_t i = 0; i < t.count; ++i) st.cached.push_back(job.feed[t.begin + i].id);
       }
     }
   }
-  // A hook that throws fails its own job only; the engine thread keeps serving the others.
+}
+
+// Hands each logits row to its job, advances every job by what it fed, and finishes the jobs
+// that are done. A hook that throws fails its own job only; the engine thread keeps serving
+// the others.
+void Scheduler::deliver_batch(std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan) {
   std::vector<std::pair<std::shared_ptr<Job>, std::string>> failed;
   auto failed_already = [&](const Job* j) {
     return std::any_of(failed.begin(), failed.end(), [&](auto& f) { return f.first.get() == j; });
   };
   size_t row_of_batch = 0;
-  for (size_t b = 0; b < batch.size(); ++b) {
-    if (!batch[b].want_logits) continue;
-    const auto [take, feed_index] = rows[row_of_batch++];
-    const std::shared_ptr<Job>& job = active[takes[take].job];
+  for (size_t b = 0; b < plan.batch.size(); ++b) {
+    if (!plan.batch[b].want_logits) continue;
+    const auto [take, feed_index] = plan.rows[row_of_batch++];
+    const std::shared_ptr<Job>& job = active[plan.takes[take].job];
     if (failed_already(job.get())) continue;
     try {
       job->on_logits(feed_index, ctx_->logits(static_cast<int>(b)));
@@ -674,7 +709,7 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
     }
   }
   std::vector<std::shared_ptr<Job>> done;
-  for (const Take& t : takes) {
+  for (const BatchPlan::Take& t : plan.takes) {
     const std::shared_ptr<Job>& job = active[t.job];
     if (failed_already(job.get())) continue;
     job->fed += t.count;
@@ -694,6 +729,22 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
     active.erase(std::find(active.begin(), active.end(), job));
     finish_job(job, job->dropped() ? JobFailure::Cancelled : JobFailure::None, "");
   }
+}
+
+// One decode batch: a row from every job that is generating (one token left to feed), then
+// prefill chunks in arrival order, within the token budget.
+void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& active) {
+  finish_unfed_jobs(active);
+  const BatchPlan plan = plan_batch(active);
+  if (plan.batch.empty()) return;
+
+  metrics_.batch_tokens.observe(static_cast<double>(plan.batch.size()));
+  metrics_.batch_jobs.observe(static_cast<double>(plan.takes.size()));
+  metrics_.queue_depth.observe(static_cast<double>(metrics_.queue_length.load()));
+  if (!decode_or_fail(active, plan)) return;
+  metrics_.prompt_tokens += plan.batch.size();
+  note_cached_tokens(active, plan);
+  deliver_batch(active, plan);
 }
 
 // Whether a prompt's work should leave room for others: other jobs are running or queued, or one

@@ -218,6 +218,12 @@ class Scheduler {
 
   void engine_loop();
   void admit_locked(std::vector<std::shared_ptr<Job>>& admitted);
+  // admit_locked's steps for one queued job. A session's step gets KV room in its own slot
+  // (false: no room; its history is already put back). A stateless request gets the free slot
+  // whose cache shares the longest prefix with its tokens, and KV room there.
+  bool reserve_session_room_locked(Job& job, Session& s, uint64_t cap_tokens);
+  enum class StatelessPick { Reserved, AllBusy, NoRoom };
+  StatelessPick reserve_stateless_slot_locked(Job& job, uint64_t cap_tokens);
   // Frees KV room for `requester`'s job; on false, `*retry_after_s` (at least 1) says when an
   // eviction may be allowed.
   bool make_room_locked(uint64_t need_tokens, const Session* keep, const std::string& requester,
@@ -238,6 +244,13 @@ class Scheduler {
   void expire_idle_locked();
   uint64_t kv_tokens_locked() const;
   void run_batch(std::vector<std::shared_ptr<Job>>& active);
+  // run_batch's steps; a BatchPlan (scheduler.cpp) is the rows of one decode batch.
+  struct BatchPlan;
+  void finish_unfed_jobs(std::vector<std::shared_ptr<Job>>& active);
+  BatchPlan plan_batch(const std::vector<std::shared_ptr<Job>>& active);
+  bool decode_or_fail(std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan);
+  void note_cached_tokens(const std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan);
+  void deliver_batch(std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan);
   // What the prompt work (prefill) of one batch may cost. A prompt row that wants logits costs
   // a vocabulary-sized logits row (1 MiB for Gemma), an LM-head row and a log-softmax on the
   // engine thread: on Gemma 3 270M about as much as kLogitRowCost rows without. Prefill takes at

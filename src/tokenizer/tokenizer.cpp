@@ -282,6 +282,35 @@ class TakenBytes {
 
 }  // namespace
 
+namespace {
+
+// The first candidate of every position that starts a special text, as keys
+// rank << 32 | position in (rank, position) order. Found in one backward scan (the matcher reads
+// the text backwards, so positions come out descending); a stable counting sort by rank of the
+// reversed list (linear; ranks are few) then orders them.
+std::vector<uint64_t> first_candidates(const SpecialMatcher& m, size_t n_ranks,
+                                       std::string_view text, int mode) {
+  std::vector<uint64_t> firsts;  // rank << 32 | position, the first candidate of each position
+  if (!m.empty()) {
+    int32_t state = 0;
+    for (size_t pos = text.size(); pos-- > 0;) {
+      state = m.step(state, static_cast<uint8_t>(text[pos]));
+      const int32_t node = m.match(state, mode);
+      if (node >= 0) firsts.push_back(uint64_t(m.rank(node, mode)) << 32 | pos);
+    }
+  }
+  if (firsts.empty()) return firsts;
+  std::reverse(firsts.begin(), firsts.end());
+  std::vector<uint32_t> start(n_ranks + 1, 0);
+  for (const uint64_t k : firsts) ++start[(k >> 32) + 1];
+  for (size_t r = 1; r < start.size(); ++r) start[r] += start[r - 1];
+  std::vector<uint64_t> sorted(firsts.size());
+  for (const uint64_t k : firsts) sorted[start[k >> 32]++] = k;
+  return sorted;
+}
+
+}  // namespace
+
 // llama.cpp's tokenizer_st_partition takes the special tokens one at a time, longest text first
 // (rank = index in special_cache), and splits every raw fragment at each leftmost,
 // non-overlapping occurrence; that costs (number of special tokens) x (text length), 6,414 x
@@ -302,29 +331,10 @@ std::vector<Fragment> TokenizerImpl::partition_special(std::string_view text,
     throw Error("tokenizer: text of " + std::to_string(text.size()) +
                 " bytes is over the 4 GiB limit");
   const SpecialMatcher& m = special_matcher;
-  std::vector<uint64_t> firsts;  // rank << 32 | position, the first candidate of each position
-  if (!m.empty()) {
-    int32_t state = 0;
-    for (size_t pos = text.size(); pos-- > 0;) {
-      state = m.step(state, static_cast<uint8_t>(text[pos]));
-      const int32_t node = m.match(state, mode);
-      if (node >= 0) firsts.push_back(uint64_t(m.rank(node, mode)) << 32 | pos);
-    }
-  }
+  const std::vector<uint64_t> firsts = first_candidates(m, special_cache.size(), text, mode);
   if (firsts.empty()) {
     out.push_back(Fragment{false, -1, 0, text.size()});
     return out;
-  }
-  // Into (rank, position) order: positions already descend, so a stable counting sort by rank
-  // of the reversed list (linear; ranks are few) does it.
-  std::reverse(firsts.begin(), firsts.end());
-  {
-    std::vector<uint32_t> start(special_cache.size() + 1, 0);
-    for (const uint64_t k : firsts) ++start[(k >> 32) + 1];
-    for (size_t r = 1; r < start.size(); ++r) start[r] += start[r - 1];
-    std::vector<uint64_t> sorted(firsts.size());
-    for (const uint64_t k : firsts) sorted[start[k >> 32]++] = k;
-    firsts.swap(sorted);
   }
   std::vector<uint64_t> retries;  // min-heap of re-queued candidates, same keys
   size_t next_first = 0;
@@ -420,6 +430,34 @@ struct BpeCmp {
   }
 };
 
+// Appends one symbol per UTF-8 character of s (a truncated last character keeps the bytes
+// left), linked as a list: symbols[i].prev = i - 1, .next = i + 1 or -1 at the end. Expects
+// `symbols` empty, since the links are indices from 0.
+void append_char_symbols(std::string_view s, std::vector<Symbol>& symbols) {
+  int index = 0;
+  size_t offset = 0;
+  while (offset < s.size()) {
+    Symbol sym;
+    sym.text = s.data() + offset;
+    sym.n = std::min(unicode::len_utf8(s[offset]), s.size() - offset);
+    offset += sym.n;
+    sym.prev = index - 1;
+    sym.next = offset == s.size() ? -1 : index + 1;
+    index++;
+    symbols.push_back(sym);
+  }
+}
+
+// Merges symbol `right` (the next in the list) into `left`: right keeps n == 0 and is unlinked.
+inline void merge_right_into_left(std::vector<Symbol>& symbols, int left, int right) {
+  Symbol& l = symbols[left];
+  Symbol& r = symbols[right];
+  l.n += r.n;
+  r.n = 0;
+  l.next = r.next;
+  if (r.next >= 0) symbols[r.next].prev = left;
+}
+
 }  // namespace
 
 TokenId TokenizerImpl::byte_to_token(uint8_t b) const {
@@ -443,19 +481,7 @@ TokenId TokenizerImpl::byte_to_token(uint8_t b) const {
 void TokenizerImpl::spm_tokenize(const std::string& text, std::vector<TokenId>& output) const {
   std::vector<Symbol> symbols;
   symbols.reserve(text.size());
-  int index = 0;
-  size_t offs = 0;
-  while (offs < text.size()) {
-    Symbol sym;
-    const size_t len = unicode::len_utf8(text[offs]);
-    sym.text = text.data() + offs;
-    sym.n = std::min(len, text.size() - offs);
-    offs += sym.n;
-    sym.prev = index - 1;
-    sym.next = offs == text.size() ? -1 : index + 1;
-    index++;
-    symbols.push_back(sym);
-  }
+  append_char_symbols(text, symbols);
 
   // Lazy invalidation: a merge changes two symbols, and the bigrams that named them stay in the
   // queue until popped and found stale (their size no longer adds up). Each merge pushes at most
@@ -479,10 +505,7 @@ void TokenizerImpl::spm_tokenize(const std::string& text, std::vector<TokenId>& 
     auto& left_sym = symbols[bigram.left];
     auto& right_sym = symbols[bigram.right];
     if (left_sym.n == 0 || right_sym.n == 0 || left_sym.n + right_sym.n != bigram.size) continue;
-    left_sym.n += right_sym.n;
-    right_sym.n = 0;
-    left_sym.next = right_sym.next;
-    if (right_sym.next >= 0) symbols[right_sym.next].prev = bigram.left;
+    merge_right_into_left(symbols, bigram.left, bigram.right);
     try_add_bigram(left_sym.prev, bigram.left);
     try_add_bigram(bigram.left, left_sym.next);
   }
@@ -520,6 +543,50 @@ int TokenizerImpl::bpe_rank(std::string_view left, std::string_view right,
   return i;
 }
 
+namespace {
+
+// One pre-tokenized word into its BPE symbols: split into UTF-8 characters (or kept whole when
+// ignore_merges and the word is a token), then the lowest-rank adjacent pair merged until none
+// is a merge. Merged-away symbols are left with n == 0. `symbols` and `scratch` are reused
+// across words to keep their capacity.
+void bpe_merge_word(const TokenizerImpl& v, const std::string& word, std::vector<Symbol>& symbols,
+                    std::string& scratch) {
+  std::priority_queue<BpeBigram, std::vector<BpeBigram>, BpeCmp> work_queue;
+  symbols.clear();
+  if (v.ignore_merges && v.text_to_token(word) >= 0) {
+    symbols.push_back(Symbol{-1, -1, word.data(), word.size()});
+  } else {
+    append_char_symbols(word, symbols);
+  }
+
+  auto add_new_bigram = [&](int left, int right) {
+    if (left == -1 || right == -1) return;
+    const std::string_view lt(symbols[left].text, symbols[left].n);
+    const std::string_view rt(symbols[right].text, symbols[right].n);
+    const int rank = v.bpe_rank(lt, rt, scratch);
+    if (rank < 0) return;
+    work_queue.push(BpeBigram{left, right, rank, lt.size() + rt.size()});
+  };
+
+  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_new_bigram(i - 1, i);
+
+  while (!work_queue.empty()) {
+    const BpeBigram bigram = work_queue.top();
+    work_queue.pop();
+    auto& left_symbol = symbols[bigram.left];
+    auto& right_symbol = symbols[bigram.right];
+    if (left_symbol.n == 0 || right_symbol.n == 0) continue;
+    // llama.cpp compares left+right with the bigram's text. Both symbols are alive, so right
+    // still directly follows left in the word and the texts are equal iff the sizes are.
+    if (left_symbol.n + right_symbol.n != bigram.size) continue;  // outdated
+    merge_right_into_left(symbols, bigram.left, bigram.right);
+    add_new_bigram(left_symbol.prev, bigram.left);
+    add_new_bigram(bigram.left, left_symbol.next);
+  }
+}
+
+}  // namespace
+
 void TokenizerImpl::bpe_tokenize(std::string_view text, std::vector<TokenId>& output) const {
   const std::vector<std::string> words = pretok->split(text);
   std::vector<Symbol> symbols_final;
@@ -528,54 +595,7 @@ void TokenizerImpl::bpe_tokenize(std::string_view text, std::vector<TokenId>& ou
   int final_prev_index = -1;
 
   for (const auto& word : words) {
-    std::priority_queue<BpeBigram, std::vector<BpeBigram>, BpeCmp> work_queue;
-    symbols.clear();
-    int index = 0;
-    size_t offset = 0;
-    if (ignore_merges && text_to_token(word) >= 0) {
-      symbols.push_back(Symbol{-1, -1, word.data(), word.size()});
-      offset = word.size();
-    }
-    while (offset < word.size()) {
-      Symbol sym;
-      const size_t char_len = std::min(word.size() - offset, unicode::len_utf8(word[offset]));
-      sym.text = word.data() + offset;
-      sym.n = char_len;
-      offset += sym.n;
-      sym.prev = index - 1;
-      sym.next = offset == word.size() ? -1 : index + 1;
-      index++;
-      symbols.push_back(sym);
-    }
-
-    auto add_new_bigram = [&](int left, int right) {
-      if (left == -1 || right == -1) return;
-      const std::string_view lt(symbols[left].text, symbols[left].n);
-      const std::string_view rt(symbols[right].text, symbols[right].n);
-      const int rank = bpe_rank(lt, rt, scratch);
-      if (rank < 0) return;
-      work_queue.push(BpeBigram{left, right, rank, lt.size() + rt.size()});
-    };
-
-    for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_new_bigram(i - 1, i);
-
-    while (!work_queue.empty()) {
-      const BpeBigram bigram = work_queue.top();
-      work_queue.pop();
-      auto& left_symbol = symbols[bigram.left];
-      auto& right_symbol = symbols[bigram.right];
-      if (left_symbol.n == 0 || right_symbol.n == 0) continue;
-      // llama.cpp compares left+right with the bigram's text. Both symbols are alive, so right
-      // still directly follows left in the word and the texts are equal iff the sizes are.
-      if (left_symbol.n + right_symbol.n != bigram.size) continue;  // outdated
-      left_symbol.n += right_symbol.n;
-      right_symbol.n = 0;
-      left_symbol.next = right_symbol.next;
-      if (right_symbol.next >= 0) symbols[right_symbol.next].prev = bigram.left;
-      add_new_bigram(left_symbol.prev, bigram.left);
-      add_new_bigram(bigram.left, left_symbol.next);
-    }
-
+    bpe_merge_word(*this, word, symbols, scratch);
     for (auto& sym : symbols) {
       if (sym.n > 0) {
         sym.prev = final_prev_index;
@@ -678,16 +698,35 @@ std::optional<TokenId> read_id(const GgufFile& f, std::string_view key) {
   return static_cast<TokenId>(*v);
 }
 
-}  // namespace
+// from_gguf reads the vocabulary in the order llama.cpp's loader does, one step per function
+// below; later steps read what earlier ones set (defaults, then texts, then special ids), so
+// their order is part of the behaviour. `where` (" in <path>") ends every error message.
 
-Tokenizer::Tokenizer() : impl_(std::make_unique<TokenizerImpl>()) {}
-Tokenizer::~Tokenizer() = default;
+// The gpt2 merges, copied into one arena: merges[i] is the view "left right" of rank i.
+void load_merges(TokenizerImpl& v, const GgufFile& f, const std::string& where) {
+  if (!f.has("tokenizer.ggml.merges"))
+    throw Error("tokenizer: missing key tokenizer.ggml.merges (required for gpt2 vocab)" + where);
+  const auto& merges = f.get_string_array("tokenizer.ggml.merges");
+  size_t total = 0;
+  for (auto m : merges) total += m.size();
+  v.merge_arena.reserve(total);
+  for (auto m : merges) v.merge_arena.append(m);
+  v.merges.reserve(merges.size());
+  size_t off = 0;
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const std::string_view m(v.merge_arena.data() + off, merges[i].size());
+    off += m.size();
+    v.merges.push_back(m);
+  }
+  // Without a space llama.cpp stores the pair ("", ""), which never matches: skip those.
+  std::vector<uint8_t> skip(v.merges.size());
+  for (size_t i = 0; i < v.merges.size(); ++i)
+    skip[i] = v.merges[i].find(' ', 1) == std::string_view::npos;
+  v.merge_rank.build_all(&v.merges, /*overwrite=*/false, &skip);
+}
 
-std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
-  std::unique_ptr<Tokenizer> tok(new Tokenizer());
-  TokenizerImpl& v = *tok->impl_;
-  const std::string where = " in " + f.path();
-
+// tokenizer.ggml.model picks the algorithm and the defaults that metadata may override later.
+void load_model_kind(TokenizerImpl& v, const GgufFile& f, const std::string& where) {
   const auto model = f.get_string_opt("tokenizer.ggml.model");
   if (!model) throw Error("tokenizer: missing key tokenizer.ggml.model" + where);
   v.model.assign(*model);
@@ -716,25 +755,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     } else if (v.pre_type == PreType::QWEN2) {
       v.clean_spaces = false;
     }
-    if (!f.has("tokenizer.ggml.merges"))
-      throw Error("tokenizer: missing key tokenizer.ggml.merges (required for gpt2 vocab)" + where);
-    const auto& merges = f.get_string_array("tokenizer.ggml.merges");
-    size_t total = 0;
-    for (auto m : merges) total += m.size();
-    v.merge_arena.reserve(total);
-    for (auto m : merges) v.merge_arena.append(m);
-    v.merges.reserve(merges.size());
-    size_t off = 0;
-    for (size_t i = 0; i < merges.size(); ++i) {
-      const std::string_view m(v.merge_arena.data() + off, merges[i].size());
-      off += m.size();
-      v.merges.push_back(m);
-    }
-    // Without a space llama.cpp stores the pair ("", ""), which never matches: skip those.
-    std::vector<uint8_t> skip(v.merges.size());
-    for (size_t i = 0; i < v.merges.size(); ++i)
-      skip[i] = v.merges[i].find(' ', 1) == std::string_view::npos;
-    v.merge_rank.build_all(&v.merges, /*overwrite=*/false, &skip);
+    load_merges(v, f, where);
     v.pretok = std::make_unique<PreTokenizer>(v.pre_type);
   } else {
     throw Error("tokenizer: unsupported tokenizer.ggml.model '" + v.model + "'" + where +
@@ -744,15 +765,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     (void)b;
     v.add_space_prefix = f.get_bool_or("tokenizer.ggml.add_space_prefix", v.add_space_prefix);
   }
+}
 
-  // Tokens, scores, types.
-  if (!f.has("tokenizer.ggml.tokens"))
-    throw Error("tokenizer: missing key tokenizer.ggml.tokens" + where);
-  const auto& tokens = f.get_string_array("tokenizer.ggml.tokens");
-  const size_t n = tokens.size();
-  if (n == 0) throw Error("tokenizer: tokenizer.ggml.tokens is empty" + where);
-  if (n > static_cast<size_t>(INT32_MAX))
-    throw Error("tokenizer: too many tokens (" + std::to_string(n) + ")" + where);
+// Scores and token types, each at least n long (extra entries are ignored, as llama.cpp does).
+void load_scores_and_types(TokenizerImpl& v, const GgufFile& f, size_t n,
+                           const std::string& where) {
   if (f.has("tokenizer.ggml.scores")) {
     v.scores = f.get_f32_array("tokenizer.ggml.scores");
     if (v.scores.size() < n)
@@ -772,30 +789,50 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
       v.types[i] = static_cast<uint8_t>(types[i] >= 0 && types[i] <= 6 ? types[i] : 0);
     }
   }
-  {
-    size_t total = 0;
-    for (size_t i = 0; i < n; ++i)
-      total += tokens[i].empty() ? 8 + std::to_string(i).size() : tokens[i].size();
-    v.text_arena.reserve(total);
-    std::vector<std::pair<size_t, size_t>> spans(n);
-    for (size_t i = 0; i < n; ++i) {
-      const size_t start = v.text_arena.size();
-      if (tokens[i].empty()) {
-        v.text_arena += "[EMPTY_" + std::to_string(i) + "]";
-      } else {
-        v.text_arena.append(tokens[i]);
-      }
-      spans[i] = {start, v.text_arena.size() - start};
-    }
-    v.texts.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      v.texts[i] = std::string_view(v.text_arena.data() + spans[i].first, spans[i].second);
-      v.max_token_len = std::max(v.max_token_len, v.texts[i].size());
-    }
-    v.token_to_id.build_all(&v.texts, /*overwrite=*/true);
-  }
+}
 
-  // Special ids from metadata (out-of-range ids are ignored, as llama.cpp does).
+// Token texts copied into one arena (an empty text becomes "[EMPTY_<id>]", as in llama.cpp);
+// texts[id] views it, token_to_id maps back (a later duplicate wins).
+void build_texts(TokenizerImpl& v, const std::vector<std::string_view>& tokens) {
+  const size_t n = tokens.size();
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i)
+    total += tokens[i].empty() ? 8 + std::to_string(i).size() : tokens[i].size();
+  v.text_arena.reserve(total);
+  std::vector<std::pair<size_t, size_t>> spans(n);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t start = v.text_arena.size();
+    if (tokens[i].empty()) {
+      v.text_arena += "[EMPTY_" + std::to_string(i) + "]";
+    } else {
+      v.text_arena.append(tokens[i]);
+    }
+    spans[i] = {start, v.text_arena.size() - start};
+  }
+  v.texts.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    v.texts[i] = std::string_view(v.text_arena.data() + spans[i].first, spans[i].second);
+    v.max_token_len = std::max(v.max_token_len, v.texts[i].size());
+  }
+  v.token_to_id.build_all(&v.texts, /*overwrite=*/true);
+}
+
+// Tokens, scores, types; returns the vocabulary size n (1 <= n <= INT32_MAX).
+size_t load_tokens(TokenizerImpl& v, const GgufFile& f, const std::string& where) {
+  if (!f.has("tokenizer.ggml.tokens"))
+    throw Error("tokenizer: missing key tokenizer.ggml.tokens" + where);
+  const auto& tokens = f.get_string_array("tokenizer.ggml.tokens");
+  const size_t n = tokens.size();
+  if (n == 0) throw Error("tokenizer: tokenizer.ggml.tokens is empty" + where);
+  if (n > static_cast<size_t>(INT32_MAX))
+    throw Error("tokenizer: too many tokens (" + std::to_string(n) + ")" + where);
+  load_scores_and_types(v, f, n, where);
+  build_texts(v, tokens);
+  return n;
+}
+
+// Special ids from metadata (out-of-range ids are ignored, as llama.cpp does).
+void read_special_ids(TokenizerImpl& v, const GgufFile& f, size_t n) {
   const std::pair<const char*, TokenId*> keys[] = {
       {"tokenizer.ggml.bos_token_id", &v.bos},
       {"tokenizer.ggml.eos_token_id", &v.eos},
@@ -823,42 +860,58 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     if (*id >= static_cast<TokenId>(n)) *id = -1;
   v.add_bos = f.get_bool_or("tokenizer.ggml.add_bos_token", v.add_bos);
   v.add_eos = f.get_bool_or("tokenizer.ggml.add_eos_token", v.add_eos);
+}
 
-  // Special tokens recognised by their text (llama.cpp walks a hash map, so when several texts
-  // match, which one it takes is not specified; we prefer the order of its lists).
-  auto force_control = [&](TokenId id) { v.attrs[id] |= kAttrControl; };
-  auto detect = [&](TokenId& dst, std::initializer_list<std::string_view> names) {
-    if (dst >= 0) return;
-    for (auto name : names) {
-      const TokenId id = v.text_to_token(name);
-      if (id >= 0) {
-        dst = id;
-        force_control(id);
-        return;
-      }
+void force_control(TokenizerImpl& v, TokenId id) {
+  v.attrs[id] |= kAttrControl;
+}
+
+// Sets dst (when metadata left it unset) to the first of names present in the vocabulary.
+void detect_special(TokenizerImpl& v, TokenId& dst, std::initializer_list<std::string_view> names) {
+  if (dst >= 0) return;
+  for (auto name : names) {
+    const TokenId id = v.text_to_token(name);
+    if (id >= 0) {
+      dst = id;
+      force_control(v, id);
+      return;
     }
-  };
-  detect(v.eot, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                 "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
-                 "<\xEF\xBD\x9C"
-                 "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
-                 "<end_of_utterance>"});
-  detect(v.eom, {"<|eom_id|>"});
-  detect(v.fim_pre, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xE2\x96\x81<PRE>",
-                     "<|code_prefix|>"});
-  detect(v.fim_suf, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\xE2\x96\x81<SUF>",
-                     "<|code_suffix|>"});
-  detect(v.fim_mid, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\xE2\x96\x81<MID>",
-                     "<|code_middle|>"});
-  detect(v.fim_pad, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"});
-  detect(v.fim_rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
-  detect(v.fim_sep, {"<|file_sep|>"});
+  }
+}
+
+// Special tokens recognised by their text (llama.cpp walks a hash map, so when several texts
+// match, which one it takes is not specified; we prefer the order of its lists).
+void detect_special_texts(TokenizerImpl& v) {
+  detect_special(v, v.eot,
+                 {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                  "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
+                  "<\xEF\xBD\x9C"
+                  "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                  "<end_of_utterance>"});
+  detect_special(v, v.eom, {"<|eom_id|>"});
+  detect_special(v, v.fim_pre,
+                 {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xE2\x96\x81<PRE>",
+                  "<|code_prefix|>"});
+  detect_special(v, v.fim_suf,
+                 {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\xE2\x96\x81<SUF>",
+                  "<|code_suffix|>"});
+  detect_special(v, v.fim_mid,
+                 {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\xE2\x96\x81<MID>",
+                  "<|code_middle|>"});
+  detect_special(v, v.fim_pad, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"});
+  detect_special(v, v.fim_rep,
+                 {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
+  detect_special(v, v.fim_sep, {"<|file_sep|>"});
 
   // Control tokens whose text says "unused" are marked unused.
-  for (size_t i = 0; i < n; ++i)
+  for (size_t i = 0; i < v.texts.size(); ++i)
     if ((v.attrs[i] & kAttrControl) && v.texts[i].find("unused") != std::string_view::npos)
       v.attrs[i] |= kAttrUnused;
+}
 
+// The end-of-generation set (v.eog, sorted): FIM pad/repo/sep, the known end texts (forced to
+// control), eos/eot/eom; gpt-oss's harmony markers become user-defined.
+void collect_eog(TokenizerImpl& v) {
   std::set<TokenId> eog;
   for (TokenId id : {v.fim_pad, v.fim_rep, v.fim_sep})
     if (id >= 0) eog.insert(id);
@@ -868,7 +921,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     const TokenId id = v.text_to_token(name);
     if (id >= 0) {
       eog.insert(id);
-      force_control(id);
+      force_control(v, id);
     }
   }
   for (std::string_view name : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}) {
@@ -883,32 +936,53 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     if (ret >= 0 && call >= 0 && end >= 0 && eog.count(ret) && eog.count(call)) eog.erase(end);
   }
   v.eog.assign(eog.begin(), eog.end());
+}
 
-  // Special-token cache, longest text first (std::sort like llama.cpp, so ties match g++).
-  for (size_t i = 0; i < n; ++i)
+// Special-token cache, longest text first (std::sort like llama.cpp, so ties match g++).
+void build_special_cache(TokenizerImpl& v) {
+  for (size_t i = 0; i < v.texts.size(); ++i)
     if (v.attrs[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown))
       v.special_cache.push_back(static_cast<TokenId>(i));
   std::sort(v.special_cache.begin(), v.special_cache.end(),
             [&](TokenId a, TokenId b) { return v.texts[a].size() > v.texts[b].size(); });
+}
 
-  // Per-model token attributes (llama.cpp sets these by general.name).
-  {
-    std::string name(f.get_string_opt("general.name").value_or(""));
-    std::transform(name.begin(), name.end(), name.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    auto set_attr = [&](std::string_view text, uint32_t a, bool on) {
-      const TokenId id = v.text_to_token(text);
-      if (id < 0) return;
-      v.attrs[id] = on ? (v.attrs[id] | a) : (v.attrs[id] & ~a);
-    };
-    if (v.pre.find("jina-v2") != std::string::npos) {
-      set_attr("<mask>", kAttrLstrip, true);
-    } else if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
-      for (TokenId id : v.special_cache) v.attrs[id] |= kAttrRstrip;
-      set_attr("</s>", kAttrRstrip, true);
-      for (auto t : {"<unk>", "<s>", "<|endoftext|>"}) set_attr(t, kAttrRstrip, false);
-    }
+// Per-model token attributes (llama.cpp sets these by general.name); needs special_cache.
+void apply_model_attrs(TokenizerImpl& v, const GgufFile& f) {
+  std::string name(f.get_string_opt("general.name").value_or(""));
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  auto set_attr = [&](std::string_view text, uint32_t a, bool on) {
+    const TokenId id = v.text_to_token(text);
+    if (id < 0) return;
+    v.attrs[id] = on ? (v.attrs[id] | a) : (v.attrs[id] & ~a);
+  };
+  if (v.pre.find("jina-v2") != std::string::npos) {
+    set_attr("<mask>", kAttrLstrip, true);
+  } else if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+    for (TokenId id : v.special_cache) v.attrs[id] |= kAttrRstrip;
+    set_attr("</s>", kAttrRstrip, true);
+    for (auto t : {"<unk>", "<s>", "<|endoftext|>"}) set_attr(t, kAttrRstrip, false);
   }
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer() : impl_(std::make_unique<TokenizerImpl>()) {}
+Tokenizer::~Tokenizer() = default;
+
+std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
+  std::unique_ptr<Tokenizer> tok(new Tokenizer());
+  TokenizerImpl& v = *tok->impl_;
+  const std::string where = " in " + f.path();
+
+  load_model_kind(v, f, where);
+  const size_t n = load_tokens(v, f, where);
+  read_special_ids(v, f, n);
+  detect_special_texts(v);
+  collect_eog(v);
+  build_special_cache(v);
+  apply_model_attrs(v, f);
   v.build_special_matcher();
   return tok;
 }

@@ -197,13 +197,18 @@ const EmbeddedAsset* find_asset(std::string_view path) {
   return nullptr;
 }
 
-GenerateRequest parse_generate_request(std::string_view body, const GenerateRequest& defaults,
-                                       const UiLimits& limits) {
+namespace {
+
+// parse_generate_request's steps, in the order the fields are checked (the first bad field is
+// the one named in the 400). Each reads its fields of the JSON object j into r.
+
+// The body as a JSON object whose keys are all known.
+json parse_request_object(std::string_view body, const UiLimits& limits) {
   // Depth first: nothing below may meet a document that nests without bound.
   if (const std::string deep = json_depth_error(body, limits.max_json_depth); !deep.empty()) {
     throw RequestError("body", deep);
   }
-  const json j = json::parse(body, nullptr, false);
+  json j = json::parse(body, nullptr, false);
   if (j.is_discarded()) throw RequestError("body", "is not valid JSON");
   if (!j.is_object()) throw RequestError("body", "expected a JSON object");
   static const char* known[] = {"prompt",      "mode",      "policy", "threshold",
@@ -220,8 +225,11 @@ GenerateRequest parse_generate_request(std::string_view body, const GenerateRequ
                          "target_rate, n_predict, temp, continue)");
     }
   }
-  GenerateRequest r = defaults;
+  return j;
+}
 
+// prompt: a non-empty string within max_prompt_bytes.
+void read_prompt(const json& j, const UiLimits& limits, GenerateRequest& r) {
   const json& prompt = field_of(j, "prompt");
   if (!prompt.is_string()) throw RequestError("prompt", "expected a string");
   r.prompt = prompt.get<std::string>();
@@ -230,7 +238,10 @@ GenerateRequest parse_generate_request(std::string_view body, const GenerateRequ
     throw RequestError("prompt", "has " + std::to_string(r.prompt.size()) + " bytes, more than " +
                                      std::to_string(limits.max_prompt_bytes));
   }
+}
 
+// mode, policy, then threshold or target_rate (which read the policy chosen).
+void read_routing(const json& j, GenerateRequest& r) {
   if (const json& mode = field_of(j, "mode"); !mode.is_null()) {
     if (!mode.is_string()) throw RequestError("mode", "expected a string");
     try {
@@ -274,7 +285,10 @@ GenerateRequest parse_generate_request(std::string_view body, const GenerateRequ
       r.router.target_rate = rate;
     }
   }
+}
 
+// n_predict, temp and continue.
+void read_generation(const json& j, const UiLimits& limits, GenerateRequest& r) {
   if (const json& n = field_of(j, "n_predict"); !n.is_null()) {
     if (!n.is_number_integer()) throw RequestError("n_predict", "expected an integer");
     r.n_predict = static_cast<int>(number_in(n, "n_predict", 1, limits.max_predict));
@@ -286,6 +300,17 @@ GenerateRequest parse_generate_request(std::string_view body, const GenerateRequ
     if (!cont.is_boolean()) throw RequestError("continue", "expected true or false");
     r.continue_conversation = cont.get<bool>();
   }
+}
+
+}  // namespace
+
+GenerateRequest parse_generate_request(std::string_view body, const GenerateRequest& defaults,
+                                       const UiLimits& limits) {
+  const json j = parse_request_object(body, limits);
+  GenerateRequest r = defaults;
+  read_prompt(j, limits, r);
+  read_routing(j, r);
+  read_generation(j, limits, r);
   return r;
 }
 
