@@ -21,7 +21,7 @@
 #   splits only; reported on the WikiText-2 test file and the tasks' dev sets):
 #     csqa-router   traces of 4,000 CommonsenseQA train items; csqa-disagree (label disagree),
 #                   mixed (disagree, those and the WikiText-2 validation trace together)
-#     outcome       24 validation chunks with the outcome label; outcome24-{outcome-25,kl,disagree}
+#     outcome       8 validation chunks with the outcome label; outcome8-{outcome-25,kl,disagree}
 #                   on 32 test chunks from 303                          -> $OUT/wikitext-outcome
 #     http          64 validation chunks traced over HTTP (top-20 KL); wikitext-kl-http
 #     task-routers  csqa-disagree and mixed next to confidence at 1, 2, 7% on CommonsenseQA dev,
@@ -147,18 +147,19 @@ for stage in "${STAGES[@]}"; do
         --out "$OUT/mixed.gguf" --json >"$OUT/mixed.json"
       ;;
     outcome)
-      "$TANDEM" router collect --task wikitext-valid --chunks 24 --first-position 256 \
+      # 8 chunks: two edge continuations at every divergent position cost ~1 min a chunk.
+      "$TANDEM" router collect --task wikitext-valid --chunks 8 --first-position 256 \
         --outcome-share 1 --outcome-tokens 16 -m "$EDGE" --cloud-model "$CLOUD" -t "$T" \
-        --out "$OUT/outcome24.trace"
+        --out "$OUT/outcome8.trace"
       for label in outcome:0.25 kl disagree; do
-        name=outcome24-${label/:0./-}
-        "$TANDEM" router train --traces "$OUT/outcome24.trace" --label "$label" --hidden 32 \
+        name=outcome8-${label/:0./-}
+        "$TANDEM" router train --traces "$OUT/outcome8.trace" --label "$label" --hidden 32 \
           --weight-decay 0.05 --seed 1 --out "$OUT/$name.gguf" --json >"$OUT/$name.json"
       done
       # The three on 32 test chunks, next to the heuristics of the same run.
       "$TANDEM" eval --task wikitext -m "$EDGE" --cloud-model "$CLOUD" --chunks 32 \
-        --chunk-tokens 512 --chunk-offset 303 --router "$OUT/outcome24-outcome-25.gguf" \
-        --router "$OUT/outcome24-kl.gguf" --router "$OUT/outcome24-disagree.gguf" \
+        --chunk-tokens 512 --chunk-offset 303 --router "$OUT/outcome8-outcome-25.gguf" \
+        --router "$OUT/outcome8-kl.gguf" --router "$OUT/outcome8-disagree.gguf" \
         --rates 0.02,0.05,0.07,0.1,0.2 --target-gain 0.2 -t "$T" --out "$OUT/wikitext-outcome"
       ;;
     http)
