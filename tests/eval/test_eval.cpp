@@ -8,7 +8,7 @@
 #include "common/error.h"
 #include "common/testdata.h"
 #include "eval/stats.h"
-#include "eval/tasks.h"
+#include "tandem/eval_tasks.h"
 #include "tandem/eval_loglik.h"
 
 namespace tandem::eval {
