@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tandem/batch.h"  // BatchToken
 #include "tandem/chat.h"
 #include "tandem/error.h"
 
@@ -137,16 +138,6 @@ class TextStream {
 
  private:
   std::unique_ptr<StreamDecoder> decoder_;
-};
-
-// One token of a batch: its id, its position in its sequence, the sequence slot, and what the
-// caller wants back for it.
-struct BatchToken {
-  TokenId token = 0;
-  int32_t pos = 0;
-  int32_t seq = 0;
-  bool want_logits = false;
-  bool want_hidden = false;
 };
 
 // Element type of the KV cache's keys or values (llama.cpp's --cache-type-k/-v). F16 halves

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "common/default_model.h"
+#include "tandem/default_model.h"
 #include "tandem/engine.h"
 
 namespace tandem::cli {

@@ -18,13 +18,12 @@
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
 #include "cli/eval_loglik.h"
-#include "eval/tasks.h"
-#include "net/delay_proxy.h"
-#include "net/http_client.h"
 #include "tandem/client.h"
+#include "tandem/delay_proxy.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
 #include "tandem/eval_report.h"
+#include "tandem/eval_tasks.h"
 
 namespace tandem::cli {
 namespace {
@@ -317,16 +316,15 @@ class EvalCommand : public Command {
   // pointed at it. Null without --rtt-ms or --cloud.
   std::unique_ptr<net::DelayProxy> start_delay_proxy() {
     if (rtt_ms_ <= 0 || cloud_.options.url.empty()) return nullptr;
-    net::Url u;
+    net::DelayedUrl delayed;
     try {
-      u = net::parse_url(cloud_.options.url);
+      delayed = net::delay_url(cloud_.options.url, rtt_ms_);
     } catch (const std::invalid_argument& e) {
       throw Error(std::string("--cloud: ") + e.what());
     }
-    auto proxy = std::make_unique<net::DelayProxy>(u.host, u.port, rtt_ms_);
-    cloud_.options.url = u.scheme + "://127.0.0.1:" + std::to_string(proxy->port()) + u.prefix;
+    cloud_.options.url = delayed.url;
     std::fprintf(stderr, "[eval] %g ms round trip added by a loopback proxy\n", rtt_ms_);
-    return proxy;
+    return std::move(delayed.proxy);
   }
 
   // What every run shares, for results.json: the device's options and the cloud's timeout.

@@ -12,9 +12,9 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "quantize/perplexity.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
+#include "tandem/quantize.h"
 
 namespace tandem::cli {
 namespace {

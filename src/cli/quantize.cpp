@@ -1,12 +1,12 @@
 // tandem quantize: rewrite a GGUF model in another type or llama.cpp type mix.
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/commands.h"
 #include "tandem/error.h"
-#include "quantize/quantize_file.h"
-#include "quantize/type_mix.h"
+#include "tandem/quantize.h"
 
 namespace tandem::cli {
 namespace {
@@ -67,8 +67,8 @@ class QuantizeCommand : public Command {
       if (verbose_) {
         if (tty) std::fprintf(stderr, "\r\033[K");
         std::fprintf(stderr, "[%4zu/%4zu] %-40s %-5s -> %-5s %10s -> %10s%s\n", i + 1, n,
-                     p.name.c_str(), std::string(traits(p.src_type).name).c_str(),
-                     std::string(traits(p.dst_type).name).c_str(), mib(in_b).c_str(),
+                     p.name.c_str(), std::string(quant::tensor_type_name(p.src_type)).c_str(),
+                     std::string(quant::tensor_type_name(p.dst_type)).c_str(), mib(in_b).c_str(),
                      mib(out_b).c_str(), p.quantize ? "" : " (copied)");
       } else if (tty) {
         const int width = 40;
@@ -82,7 +82,7 @@ class QuantizeCommand : public Command {
     };
     const auto rep = quant::quantize_file(in_, out_, opt);
     std::map<std::string, int> counts;
-    for (const auto& p : rep.plans) counts[std::string(traits(p.dst_type).name)]++;
+    for (const auto& p : rep.plans) counts[std::string(quant::tensor_type_name(p.dst_type))]++;
     std::string mix;
     for (const auto& [k, v] : counts) mix += " " + k + "x" + std::to_string(v);
     std::fprintf(stderr,

@@ -8,16 +8,13 @@
 
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
-#include "eval/tasks.h"
-#include "router/router_file.h"
-#include "router/trace.h"
-#include "router/train.h"
 #include "tandem/cloud_rows.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
+#include "tandem/eval_tasks.h"
 #include "tandem/router.h"
 #include "tandem/router_tools.h"
-#include "tokenizer/tokenizer.h"
+#include "tandem/router_train.h"
 
 namespace tandem::cli {
 namespace {
@@ -254,33 +251,33 @@ class RouterTrain {
         "train",
         "Train a router MLP on traces (validation split by sequence, early stopping); print "
         "ROC-AUC, PR-AUC and the cloud-share curves; write the router as GGUF");
-    sub_->add_option("--traces", traces_, "Trace file(s) from `router collect`")->required();
-    sub_->add_option("--out", out_, "Router GGUF file to write")->required();
-    sub_->add_option("--label", label_, "disagree | critical[:TAU] | gain | gain:Q | kl | kl:log")
+    sub_->add_option("--traces", t_.traces, "Trace file(s) from `router collect`")->required();
+    sub_->add_option("--out", t_.out, "Router GGUF file to write")->required();
+    sub_->add_option("--label", t_.label, "disagree | critical[:TAU] | gain | gain:Q | kl | kl:log")
         ->capture_default_str();
-    sub_->add_option("--hidden", hidden_, "Hidden layer widths, e.g. 64 or 64,32")
+    sub_->add_option("--hidden", t_.train.hidden, "Hidden layer widths, e.g. 64 or 64,32")
         ->delimiter(',')
         ->capture_default_str();
-    sub_->add_option("--epochs", o_.epochs, "Epochs at most")->capture_default_str();
-    sub_->add_option("--patience", o_.patience, "Epochs without a better validation loss")
+    sub_->add_option("--epochs", t_.train.epochs, "Epochs at most")->capture_default_str();
+    sub_->add_option("--patience", t_.train.patience, "Epochs without a better validation loss")
         ->capture_default_str();
-    sub_->add_option("--batch", o_.batch, "Rows per step")->check(CLI::Range(1, 1 << 16));
-    sub_->add_option("--lr", o_.lr, "Adam learning rate")->capture_default_str();
-    sub_->add_option("--weight-decay", o_.weight_decay, "Decoupled weight decay")
+    sub_->add_option("--batch", t_.train.batch, "Rows per step")->check(CLI::Range(1, 1 << 16));
+    sub_->add_option("--lr", t_.train.lr, "Adam learning rate")->capture_default_str();
+    sub_->add_option("--weight-decay", t_.train.weight_decay, "Decoupled weight decay")
         ->capture_default_str();
-    sub_->add_option("--val-fraction", o_.val_fraction, "Sequences held out for validation")
+    sub_->add_option("--val-fraction", t_.train.val_fraction, "Sequences held out for validation")
         ->check(CLI::Range(0.01, 0.9))
         ->capture_default_str();
-    sub_->add_option("--seed", o_.seed, "Seed for initialisation, split and shuffling")
+    sub_->add_option("--seed", t_.train.seed, "Seed for initialisation, split and shuffling")
         ->capture_default_str();
-    sub_->add_option("--min-position", min_position_,
+    sub_->add_option("--min-position", t_.min_position,
                      "Train and validate on positions from this one on (the wikitext eval scores "
                      "the second half of each chunk: 256 for chunks of 512)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
     sub_->add_flag("--no-class-weight", no_class_weight_,
                    "Do not weight the rarer class up (classification labels)");
-    sub_->add_flag("--cloud-aware-reference", cloud_aware_,
+    sub_->add_flag("--cloud-aware-reference", t_.cloud_aware_reference,
                    "Also train, on the same split, a reference MLP for the `gain` label that "
                    "sees three cloud-side values besides the router's features (KL(cloud || "
                    "edge), the cloud's log-probability of the edge's top-1, whether the top-1s "
@@ -291,114 +288,16 @@ class RouterTrain {
   bool parsed() const { return sub_->parsed(); }
 
   int run() {
-    router::LabelSpec label;
-    try {
-      label = router::parse_label(label_);
-    } catch (const std::invalid_argument& e) {
-      throw Error(e.what());
-    }
-    router::TraceFile trace = router::read_trace(traces_[0]);
-    for (size_t i = 1; i < traces_.size(); ++i) {
-      router::TraceFile more = router::read_trace(traces_[i]);
-      router::TraceHeader h = more.header;
-      h.version = trace.header.version;  // versions 1 and 2 hold the same features
-      if (!(h == trace.header)) {
-        throw Error(traces_[i] + ": its header (model, n_embd, top_k, vocabulary) differs from " +
-                    traces_[0] + "'s");
-      }
-      for (auto& s : more.sequences) trace.sequences.push_back(std::move(s));
-    }
-    const router::Dataset data = router::make_dataset(trace, label, min_position_);
-    if (label.kind == router::LabelKind::Outcome && data.n() == 0) {
-      throw Error(
-          "--label outcome: no position of the traces has a measured outcome (collect "
-          "them with --outcome-share)");
-    }
-    std::fprintf(stderr, "[train] %zu positions from %zu sequences, %d features, label %s\n",
-                 data.n(), trace.sequences.size(), data.spec.n_features(),
-                 label.describe().c_str());
-    o_.hidden = hidden_;
-    o_.class_weighting = !no_class_weight_;
-    const router::TrainResult r = router::train_router(data, label, o_);
-    const router::Metrics& m = r.val;
-    // The cloud-aware reference: the same rows, split and seed (the split depends on the sequence
-    // ids and the seed only), the `gain` label.
-    std::vector<double> aware;
-    if (cloud_aware_) {
-      const router::LabelSpec gain = router::parse_label("gain");
-      const router::Dataset with_cloud = router::make_dataset(trace, gain, min_position_, true);
-      std::fprintf(stderr, "[train] the cloud-aware reference: %d features, label gain\n",
-                   with_cloud.width());
-      aware = router::train_router(with_cloud, gain, o_).val.gap_recovered;
-    }
-
-    std::fprintf(stderr,
-                 "[train] best epoch %d of %d; validation: %zu positions in %zu sequences, "
-                 "ROC-AUC %.4f, PR-AUC %.4f (positive rate %.3f%s)\n",
-                 r.best_epoch, r.epochs_run, r.n_val, r.n_val_seq, m.roc_auc, m.pr_auc,
-                 m.positive_rate, label.regression() ? ", positives: the top 10% by gain" : "");
-    std::fprintf(stderr,
-                 "  cloud share | recall | gap recovered | oracle | of the oracle | by the "
-                 "recorded KL | entropy policy%s\n",
-                 cloud_aware_ ? " | cloud-aware reference" : "");
-    json curve = json::array();
-    for (size_t i = 0; i < m.shares.size(); ++i) {
-      const double of =
-          m.oracle_gap_recovered[i] > 0 ? m.gap_recovered[i] / m.oracle_gap_recovered[i] : 0.0;
-      std::fprintf(stderr,
-                   "  %10.0f%% | %5.1f%% | %12.1f%% | %5.1f%% | %12.0f%% | %17.1f%% | %13.1f%%",
-                   100 * m.shares[i], 100 * m.recall[i], 100 * m.gap_recovered[i],
-                   100 * m.oracle_gap_recovered[i], 100 * of,
-                   i < m.kl_gap_recovered.size() ? 100 * m.kl_gap_recovered[i] : NAN,
-                   100 * r.val_entropy.gap_recovered[i]);
-      if (i < aware.size()) std::fprintf(stderr, " | %21.1f%%", 100 * aware[i]);
-      std::fputc('\n', stderr);
-      curve.push_back({{"share", m.shares[i]},
-                       {"recall", m.recall[i]},
-                       {"gap_recovered", m.gap_recovered[i]},
-                       {"oracle_gap_recovered", m.oracle_gap_recovered[i]},
-                       {"entropy_gap_recovered", r.val_entropy.gap_recovered[i]}});
-      if (i < m.kl_gap_recovered.size()) curve.back()["kl_gap_recovered"] = m.kl_gap_recovered[i];
-      if (i < aware.size()) curve.back()["cloud_aware_gap_recovered"] = aware[i];
-    }
-    json summary = {{"traces", traces_},
-                    {"label", label.describe()},
-                    {"positions", data.n()},
-                    {"train_positions", r.n_train},
-                    {"val_positions", r.n_val},
-                    {"train_sequences", r.n_train_seq},
-                    {"val_sequences", r.n_val_seq},
-                    {"hidden", hidden_},
-                    {"min_position", min_position_},
-                    {"best_epoch", r.best_epoch},
-                    {"epochs_run", r.epochs_run},
-                    {"train_loss", r.train_loss},
-                    {"val_loss", r.val_loss},
-                    {"val_roc_auc", m.roc_auc},
-                    {"val_pr_auc", m.pr_auc},
-                    {"val_positive_rate", m.positive_rate},
-                    {"val_curve", curve},
-                    {"seed", o_.seed}};
-    router::RouterFileInfo info;
-    info.vocab_hash = fingerprint_hex(trace.header.vocab_fingerprint);
-    info.n_vocab = trace.header.n_vocab;
-    info.edge_name = trace.header.model_name;
-    info.label = label.describe();
-    info.training_json = summary.dump();
-    router::save_router(out_, r.model, info);
-    std::fprintf(stderr, "[train] wrote %s\n", out_.c_str());
+    t_.train.class_weighting = !no_class_weight_;
+    const json summary = router::train_router_file(t_);
     if (json_) std::printf("%s\n", summary.dump(1).c_str());
     return 0;
   }
 
  private:
   CLI::App* sub_;
-  std::vector<std::string> traces_;
-  std::string out_, label_ = "kl";
-  std::vector<int> hidden_ = {64};
-  int min_position_ = 0;
-  router::TrainOptions o_;
-  bool no_class_weight_ = false, json_ = false, cloud_aware_ = false;
+  router::RouterTraining t_;
+  bool no_class_weight_ = false, json_ = false;
 };
 
 class RouterBench {
@@ -414,8 +313,8 @@ class RouterBench {
   bool parsed() const { return sub_->parsed(); }
 
   int run() {
-    const auto loaded = router::load_router(router_);
-    const MlpRouterModel& m = *loaded.model;
+    const std::shared_ptr<const MlpRouterModel> model = router::load_router_model(router_);
+    const MlpRouterModel& m = *model;
     // A realistic signal: a hidden state of the right width, k descending probabilities.
     std::vector<float> hidden(m.spec.n_embd);
     for (int i = 0; i < m.spec.n_embd; ++i) hidden[i] = std::sin(0.37f * i) * 3;
@@ -426,7 +325,7 @@ class RouterBench {
     s.margin = s.top_probs[0] - s.top_probs[1];
     RouterConfig cfg;
     cfg.policy = RouterPolicy::Mlp;
-    cfg.mlp = loaded.model;
+    cfg.mlp = model;
     cfg.target_rate = 0.07;
     cfg.prior_scores = m.prior_scores(cfg.window);
     // A run is the offline replay of n decisions (each recorded as one token), as eval and

@@ -1,12 +1,13 @@
 // tandem synth: a GGUF with the exact shapes of a named real model and random weights, for
 // speed measurements at real sizes (src/quantize/synth.h).
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/commands.h"
 #include "tandem/error.h"
-#include "quantize/synth.h"
+#include "tandem/quantize.h"
 
 namespace tandem::cli {
 namespace {
@@ -68,7 +69,7 @@ class SynthCommand : public Command {
     };
     const auto rep = quant::write_synth_model(*shape, out_, opt);
     std::map<std::string, int> counts;
-    for (const auto& p : rep.plans) counts[std::string(traits(p.dst_type).name)]++;
+    for (const auto& p : rep.plans) counts[std::string(quant::tensor_type_name(p.dst_type))]++;
     std::string mix;
     for (const auto& [k, v] : counts) mix += " " + k + "x" + std::to_string(v);
     std::fprintf(stderr, "wrote %s: %s shape, %s, %.1f M params, %.2f MiB, tensors%s, %.1f s\n",

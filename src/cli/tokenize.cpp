@@ -3,8 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "gguf/gguf.h"
-#include "tokenizer/tokenizer.h"
+#include "tandem/vocab.h"
 
 namespace tandem::cli {
 namespace {
@@ -27,19 +26,18 @@ class TokenizeCommand : public Command {
   int run() override {
     if (model_.empty()) model_ = default_model_path();
     const std::string text = read_prompt(prompt_, file_, prompt_opt_->count() > 0);
-    auto file = GgufFile::open(model_);
-    auto tok = Tokenizer::from_gguf(*file);
-    const auto ids = tok->encode(text, !no_bos_, parse_special_);
+    const auto vocab = Vocabulary::load(model_);
+    const auto ids = vocab->tokenize(text, !no_bos_, parse_special_);
     if (json_) {
       nlohmann::json j;
       j["ids"] = ids;
       auto pieces = nlohmann::json::array();
-      for (TokenId id : ids) pieces.push_back(tok->token_to_piece(id, true));
+      for (TokenId id : ids) pieces.push_back(vocab->token_piece(id, true));
       j["pieces"] = pieces;
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       for (TokenId id : ids) {
-        const nlohmann::json piece = tok->token_to_piece(id, true);
+        const nlohmann::json piece = vocab->token_piece(id, true);
         std::printf("%6d -> %s\n", id,
                     piece.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       }

@@ -14,7 +14,7 @@
 #include "tandem/engine.h"
 #include "tandem/error.h"
 #include "tandem/http_server.h"
-#include "ui/ui_server.h"
+#include "tandem/ui.h"
 
 namespace tandem::cli {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/default_model.h"
+#include "tandem/default_model.h"
 
 #include <cstdlib>
 

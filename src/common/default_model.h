@@ -1,12 +1,6 @@
-// Where the tools and tests find the default model (Gemma 3 270M Q4_K_M) that
-// scripts/fetch_model.sh assembles: $TANDEM_MODEL if set, else
-// ${TANDEM_CACHE:-$HOME/.cache/tandem}/models/gemma-3-270m-q4_k_m.gguf.
+// default_model_path lives in the public API (include/tandem/default_model.h), so that the CLI
+// can name the default model without reaching into src/common. Internal code and tests may keep
+// including this header.
 #pragma once
 
-#include <string>
-
-namespace tandem {
-
-std::string default_model_path();
-
-}  // namespace tandem
+#include "tandem/default_model.h"

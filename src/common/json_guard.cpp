@@ -1,4 +1,4 @@
-#include "common/json_guard.h"
+#include "tandem/json_guard.h"
 
 namespace tandem {
 

@@ -1,4 +1,4 @@
-#include "eval/tasks.h"
+#include "tandem/eval_tasks.h"
 
 #include <cctype>
 #include <cstdint>

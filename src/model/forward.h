@@ -15,7 +15,7 @@
 #include "model/kv_cache.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
-#include "tandem/engine.h"
+#include "tandem/batch.h"
 
 namespace tandem {
 

@@ -1,4 +1,4 @@
-#include "net/delay_proxy.h"
+#include "tandem/delay_proxy.h"
 
 #include <utility>  // before Boost 1.74's asio (std::exchange)
 
@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "net/http_client.h"
 
 namespace tandem::net {
 
@@ -136,6 +137,14 @@ DelayProxy::~DelayProxy() {
 
 uint16_t DelayProxy::port() const {
   return impl_->acceptor.local_endpoint().port();
+}
+
+DelayedUrl delay_url(const std::string& url, double rtt_ms) {
+  const Url u = parse_url(url);
+  DelayedUrl d;
+  d.proxy = std::make_unique<DelayProxy>(u.host, u.port, rtt_ms);
+  d.url = u.scheme + "://127.0.0.1:" + std::to_string(d.proxy->port()) + u.prefix;
+  return d;
 }
 
 }  // namespace tandem::net

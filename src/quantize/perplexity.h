@@ -17,47 +17,11 @@
 #include <span>
 #include <vector>
 
+#include "tandem/quantize.h"  // token_logprob, PplStats, KlStats, n_chunks, first_scored
+
 namespace tandem::quant {
 
-// log p(token) under softmax(logits), in double.
-double token_logprob(std::span<const float> logits, int token);
 // log-softmax of a whole row (double).
 void log_softmax(std::span<const float> logits, std::vector<double>& out);
-
-struct PplStats {
-  double sum_nll = 0;
-  double sum_nll2 = 0;
-  int64_t count = 0;
-  void add_logprob(double logprob) {
-    sum_nll -= logprob;
-    sum_nll2 += logprob * logprob;
-    ++count;
-  }
-  double mean_nll() const { return count ? sum_nll / count : 0; }
-  double ppl() const;
-  double ppl_error() const;  // 0 when fewer than 2 tokens
-};
-
-struct KlStats {
-  double sum_kl = 0;
-  double sum_kl2 = 0;
-  int64_t n_same_top = 0;
-  int64_t count = 0;
-  // Adds one position: base and model logits rows over the same vocabulary.
-  void add(std::span<const float> base, std::span<const float> model);
-  double mean_kl() const { return count ? sum_kl / count : 0; }
-  double kl_error() const;
-  double top1() const { return count ? static_cast<double>(n_same_top) / count : 0; }
-  double top1_error() const;
-
- private:
-  std::vector<double> lb_, lm_;
-};
-
-// Chunk geometry: number of chunks for n_tokens tokens (capped by max_chunks when > 0).
-int n_chunks(int64_t n_tokens, int n_ctx, int max_chunks);
-inline int first_scored(int n_ctx) {
-  return n_ctx / 2;
-}
 
 }  // namespace tandem::quant

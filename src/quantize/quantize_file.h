@@ -8,37 +8,7 @@
 // tandem.quantize.pure = --pure are recorded.
 #pragma once
 
-#include <cstdint>
-#include <functional>
-#include <string>
-#include <vector>
-
+// QuantizeOptions, QuantizeReport and quantize_file are declared in the public API (the CLI
+// calls them).
 #include "quantize/type_mix.h"
-
-namespace tandem::quant {
-
-struct QuantizeOptions {
-  FileType file_type;
-  bool pure = false;  // every quantizable tensor gets the file type's type (no mix rules)
-  int n_threads = 0;  // 0: default thread count
-  // Called after each tensor: (index in output order, count, plan, bytes in, bytes out).
-  std::function<void(size_t, size_t, const TensorPlan&, size_t, size_t)> on_tensor;
-};
-
-struct QuantizeReport {
-  std::vector<TensorPlan> plans;
-  uint64_t in_file_bytes = 0;
-  uint64_t out_file_bytes = 0;
-  uint64_t in_tensor_bytes = 0;
-  uint64_t out_tensor_bytes = 0;
-  uint64_t n_params = 0;
-  int n_quantized = 0;
-  int n_copied = 0;
-  int n_fallback = 0;
-  double seconds = 0;
-};
-
-QuantizeReport quantize_file(const std::string& in_path, const std::string& out_path,
-                             const QuantizeOptions& opt);
-
-}  // namespace tandem::quant
+#include "tandem/quantize.h"

@@ -72,6 +72,10 @@ std::vector<std::string> file_type_names() {
   return r;
 }
 
+std::string_view tensor_type_name(TensorType type) {
+  return traits(type).name;
+}
+
 bool is_quantizable(const std::string& name, uint32_t n_dims) {
   if (name.size() < 6 || name.compare(name.size() - 6, 6, "weight") != 0) return false;
   if (n_dims < 2) return false;

@@ -36,32 +36,13 @@
 #include <vector>
 
 #include "common/tensor_type.h"
+#include "tandem/quantize.h"  // FileType, TensorPlan, parse_file_type, file_type_names
 
 namespace tandem {
 class GgufFile;
 }
 
 namespace tandem::quant {
-
-struct FileType {
-  std::string name;         // canonical name, e.g. "Q4_K_M"
-  uint32_t llama_ftype;     // llama.cpp's LLAMA_FTYPE_* number (general.file_type)
-  TensorType default_type;  // type of the ordinary 2-D weights
-};
-
-// Parses a file type name (case-insensitive; Q3_K, Q4_K, Q5_K are aliases of the _M mixes).
-std::optional<FileType> parse_file_type(std::string_view name);
-// All accepted names, for --help.
-std::vector<std::string> file_type_names();
-
-struct TensorPlan {
-  size_t index = 0;  // into GgufFile::tensors()
-  std::string name;
-  TensorType src_type = TensorType::F32;
-  TensorType dst_type = TensorType::F32;
-  bool quantize = false;  // false: bytes copied unchanged (dst_type == src_type)
-  std::string fallback;   // non-empty: why dst_type differs from the rule's choice
-};
 
 // Hyper-parameters the rules need (read from the GGUF metadata by plan_from_file).
 struct MixModel {

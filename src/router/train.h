@@ -9,6 +9,7 @@
 
 #include "router/trace.h"
 #include "tandem/router_mlp.h"
+#include "tandem/router_train.h"  // TrainOptions
 
 namespace tandem::router {
 
@@ -62,16 +63,6 @@ struct Dataset {
 // Builds rows from the records at positions >= min_position that have a true token.
 Dataset make_dataset(const TraceFile& trace, const LabelSpec& label, int min_position = 0,
                      bool cloud_columns = false);
-
-struct TrainOptions {
-  std::vector<int> hidden = {64};  // widths of the hidden layers (1 or 2 of them)
-  int epochs = 60, batch = 128, patience = 6;
-  double lr = 1e-3, weight_decay = 1e-4;
-  double val_fraction = 0.2;  // of the sequences
-  bool class_weighting = true;
-  uint64_t seed = 1;
-  bool verbose = true;  // per-epoch lines on stderr
-};
 
 struct Metrics {
   double roc_auc = 0, pr_auc = 0, positive_rate = 0;

@@ -11,6 +11,7 @@
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "tandem/http_server.h"
+#include "tandem/server.h"  // ApiSettings
 
 namespace tandem::server {
 
@@ -19,23 +20,14 @@ using net::HeaderList;
 using net::HttpRequest;
 using net::Responder;
 
-struct ApiOptions {
+// The limits (tandem/server.h's ApiSettings) and who may call.
+struct ApiOptions : ApiSettings {
   // Who may call (docs/server.md, "Keys and sessions"). Empty: no auth, every caller is one
   // anonymous client.
   KeyRing keys;
   // Admin routes (listing sessions) without an admin key: allowed only when the server has no
   // keys at all and binds a loopback address.
   bool loopback_only = false;
-  std::string model_name;  // what /v1/models reports
-  int max_generate = 4096;
-  int max_draft = 64;
-  int max_top_n = 20;
-  int max_sse_clients = 256;
-  // Per-request CPU bounds (docs/security.md).
-  size_t max_text_bytes = 256 << 10;  // a prompt or /tokenize text longer than this: 413
-  double max_request_seconds = 300;   // generation stops ("length") once a job has run this long
-  int cpu_workers = 2;                // threads that tokenize and detokenize off the I/O threads
-  int max_cpu_queue = 64;             // requests waiting for a worker; more get 503
 };
 
 class Api {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "tandem/engine.h"
+#include "tandem/server.h"  // SchedulerOptions
 
 namespace tandem::server {
 
@@ -97,32 +98,6 @@ class Job {
   virtual bool abandoned() const { return false; }
   // The job is to be dropped, queued or running (JobFailure::Cancelled).
   bool dropped() const { return cancelled || abandoned(); }
-};
-
-struct SchedulerOptions {
-  int n_ctx = 4096;
-  int max_sessions = 64;
-  int stateless_slots = 8;
-  int batch_tokens = 512;  // token budget of one decode batch
-  // While other jobs run, the prompt part of a batch costs at most this many units
-  // (--prefill-chunk; a prompt token 1, a prompt token that wants logits kLogitRowCost).
-  int prefill_chunk = 16;
-  int max_queue = 256;          // jobs waiting or running; more are refused (429)
-  uint64_t kv_cap_bytes = 0;    // 0: as much as n_ctx × slots needs
-  double idle_timeout_s = 600;  // sessions unused this long expire
-  int n_threads = 0;
-  KvCacheType type_k = KvCacheType::F32;  // --cache-type-k / -ctk
-  KvCacheType type_v = KvCacheType::F32;  // --cache-type-v / -ctv
-  // Prepended to session ids, so a proxy in front of several replicas can route a session's
-  // steps to the replica that holds it by the id alone (docs/deploy.md).
-  std::string session_prefix;
-  // Fairness between credentials: sessions one may hold open, and jobs one may have queued or
-  // running. 0 or more than the totals: only the totals apply.
-  int max_sessions_per_key = 0;
-  int max_queue_per_key = 0;
-  // Another credential's idle session is never evicted before it has been idle this long (a
-  // requester's own idle sessions always may be).
-  double evict_grace_s = 60;
 };
 
 struct SessionInfo {

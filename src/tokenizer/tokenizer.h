@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tandem/vocab.h"  // fingerprint_hex
+
 namespace tandem {
 
 class GgufFile;
@@ -116,8 +118,5 @@ class StreamDecoder {
 // and returns the number of trailing bytes of `in` that form an incomplete (but so far valid)
 // sequence and were not consumed. When `final` is true nothing is held back.
 size_t utf8_sanitize_append(std::string_view in, std::string& out, bool final);
-
-// A vocabulary fingerprint as 16 lowercase hex digits (what `vocab_hash` fields hold).
-std::string fingerprint_hex(uint64_t fingerprint);
 
 }  // namespace tandem

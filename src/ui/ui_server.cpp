@@ -8,8 +8,8 @@
 
 #include <boost/asio/ip/address.hpp>
 
-#include "common/json_guard.h"
 #include "tandem/error.h"
+#include "tandem/json_guard.h"
 #include "ui/assets.h"
 
 namespace tandem::ui {

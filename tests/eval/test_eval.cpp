@@ -8,8 +8,8 @@
 #include "common/error.h"
 #include "common/testdata.h"
 #include "eval/stats.h"
-#include "eval/tasks.h"
 #include "tandem/eval_loglik.h"
+#include "tandem/eval_tasks.h"
 
 namespace tandem::eval {
 namespace {

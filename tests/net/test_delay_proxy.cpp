@@ -8,7 +8,7 @@
 #include <chrono>
 #include <thread>
 
-#include "net/delay_proxy.h"
+#include "tandem/delay_proxy.h"
 
 namespace tandem::net {
 namespace {

@@ -1,7 +1,7 @@
 // A loopback TCP relay that adds network delay: every chunk of bytes is forwarded half a round
 // trip after it arrived, in each direction, in order. It stands between a device and a cloud on
 // one machine to emulate a WAN round trip (tandem eval --rtt-ms) without touching the kernel's
-// network settings. Binds 127.0.0.1 only.
+// network settings. Binds 127.0.0.1 only. Public (owned by src/net), for `tandem eval --rtt-ms`.
 #pragma once
 
 #include <cstdint>
@@ -24,5 +24,15 @@ class DelayProxy {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// A DelayProxy in front of the HTTP(S) server at `url` (http[s]://host[:port][/prefix], host an
+// IP address) and the URL that reaches that server through it: the same scheme and prefix on
+// 127.0.0.1 and the proxy's port. Throws std::invalid_argument naming what is wrong with `url`
+// (as parse_url), tandem::Error when the proxy cannot start.
+struct DelayedUrl {
+  std::unique_ptr<DelayProxy> proxy;
+  std::string url;
+};
+DelayedUrl delay_url(const std::string& url, double rtt_ms);
 
 }  // namespace tandem::net

@@ -10,6 +10,9 @@
 //
 // LAMBADA is zero-shot: the prompt is the passage up to its last word, and the answer is the
 // first word the model writes (the word rule below), compared exactly with the passage's own.
+//
+// Public (owned by src/eval), for `tandem eval` and `tandem router collect`, which ask or trace
+// the tasks' items.
 #pragma once
 
 #include <optional>
