@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "common/default_model.h"
+#include "tandem/default_model.h"
 #include "tandem/error.h"
 
 namespace tandem::cli {
