@@ -161,6 +161,11 @@ std::optional<CloudStepResult> CloudLink::wait(uint64_t id, std::string* why) {
   return std::move(result_);
 }
 
+bool CloudLink::answered(uint64_t id) const {
+  std::lock_guard lock(mu_);
+  return id != awaited_id_ || done_id_ >= id || stop_ || Clock::now() >= awaited_deadline_;
+}
+
 void CloudLink::worker() {
   std::unique_lock lock(mu_);
   for (;;) {

@@ -51,6 +51,8 @@ class CloudLink {
   // nobody waited for.
   uint64_t begin(const std::vector<TokenId>& history, const CloudOp& op, std::string* why);
   std::optional<CloudStepResult> wait(uint64_t ticket, std::string* why);
+  // True when wait(ticket) would return at once (answered, failed, timed out or replaced).
+  bool answered(uint64_t ticket) const;
 
   // False while backing off after a failure or after a fatal error.
   bool ready() const;

@@ -223,6 +223,9 @@ struct EdgeDecoder::Turn {
 
  private:
   bool step() {
+    // An answer that is in settles its position now, not at the next routed position: confirmed
+    // tokens stream out at once, and fewer tokens are decoded past an answer that changes them.
+    if (flight && d.link_->answered(flight->ticket) && resolve() == Resolved::Ended) return false;
     switch (d.options_.mode) {
       case EdgeMode::Local:
         return emit(d.sample_local(), TokenSource::Local, 0.0f);
