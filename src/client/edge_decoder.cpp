@@ -161,7 +161,7 @@ struct Flight {
   uint64_t ticket = 0;
   size_t pos = 0;  // history length at the routed position
   Router router;
-  Sampler sampler;
+  Sampler::State sampler;
   std::vector<float> logits, hidden;  // [n_vocab], [n_embd] or empty
   float score = 0;
   double threshold = 0;
@@ -176,7 +176,7 @@ struct Flight {
 struct Held {
   EdgeToken token;
   Router router;
-  Sampler sampler;
+  Sampler::State sampler;
   size_t history_len = 0;
 };
 
@@ -268,7 +268,7 @@ struct EdgeDecoder::Turn {
     d.sampler_.accept(id);
     const EdgeToken token{id, source, score, edge_top1, fallback, decided_threshold};
     if (flight) {
-      held.push_back(Held{token, d.router_, d.sampler_, d.history_.size()});
+      held.push_back(Held{token, d.router_, d.sampler_.state(), d.history_.size()});
     } else if (!publish(token)) {
       res.stop = StopReason::Callback;
       return false;
@@ -415,9 +415,9 @@ struct EdgeDecoder::Turn {
   // Pipelined: the request is out. Go on as if the cloud answered the device's own greedy
   // continuation, holding its tokens and every later one back until the answer is in.
   bool route_ahead(uint64_t ticket, int n, float score, TokenId edge_guess) {
-    flight.emplace(Flight{ticket, d.history_.size(), d.router_, d.sampler_, d.logits_, d.hidden_,
-                          score, decided_threshold, edge_guess, greedy_chain(edge_guess, n),
-                          Clock::now()});
+    flight.emplace(Flight{ticket, d.history_.size(), d.router_, d.sampler_.state(), d.logits_,
+                          d.hidden_, score, decided_threshold, edge_guess,
+                          greedy_chain(edge_guess, n), Clock::now()});
     d.router_.record(true, static_cast<int>(flight->guess.size()));
     return emit_cloud(flight->guess, score, 0, edge_guess);
   }
@@ -473,7 +473,7 @@ struct EdgeDecoder::Turn {
     for (size_t i = 0; i < tokens.size(); ++i) {
       if (publish(tokens[i].token)) continue;
       d.router_ = std::move(tokens[i].router);
-      d.sampler_ = std::move(tokens[i].sampler);
+      d.sampler_.restore(std::move(tokens[i].sampler));
       d.history_.resize(tokens[i].history_len);
       st.wasted_tokens += static_cast<int>(tokens.size() - i - 1);
       res.stop = StopReason::Callback;
@@ -492,7 +492,7 @@ struct EdgeDecoder::Turn {
     held_stop.reset();
     d.history_.resize(f.pos);
     d.router_ = f.router;
-    d.sampler_ = f.sampler;
+    d.sampler_.restore(f.sampler);
     decided_threshold = f.threshold;
     if (d.local_tokens_.size() > f.pos) {
       d.ctx_->truncate(0, static_cast<int>(f.pos));
