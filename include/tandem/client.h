@@ -165,6 +165,10 @@ struct EdgeOptions {
   // Also hand the router the small model's final hidden state (for learned routers).
   bool signal_hidden = false;
   int top_k_signal = 8;  // probabilities the router signal carries
+  // Route mode: do not stand still for a routed position's answer; decode on from the small
+  // model's own choice and go back only when the cloud answers otherwise (docs/client.md,
+  // "Pipelined routing"). The output is the same either way.
+  bool pipeline = true;
 };
 
 struct EdgeStats {
@@ -172,7 +176,8 @@ struct EdgeStats {
   double cloud_share = 0;
   int route_events = 0;  // successful cloud consultations (route events, verifies, cloud steps)
   uint64_t bytes_up = 0, bytes_down = 0;
-  double cloud_ms = 0;  // time the decoder waited for the cloud
+  double cloud_ms = 0;  // consultations' round trips as the decoder saw them (sent to answered)
+  double wait_ms = 0;   // time the decoder stood still waiting for the cloud
   double local_ms = 0;  // time in the small model (prefill, decode, sampling, router)
   double ttft_ms = 0;
   double total_ms = 0;
@@ -183,6 +188,10 @@ struct EdgeStats {
   int prefilled_on_route =
       0;  // tokens the cloud prefilled in consultations (sync-ahead saves these)
   int sync_steps = 0, sync_failures = 0, cloud_failures = 0;
+  // Route events whose answer was the device's own guess (its top-1; pipelined: its greedy
+  // continuation over the route span) and those where the cloud changed it.
+  int route_confirmed = 0, route_changed = 0;
+  int wasted_tokens = 0;    // tokens decoded ahead of an answer and then thrown away
   bool cloud_lost = false;  // the cloud was given up on (fatal error) or never answered
   std::string last_cloud_error;
 };
@@ -252,6 +261,7 @@ class EdgeDecoder {
   // The router's decision at the current position: its score; *cloud and *threshold (what the
   // score was compared with) are set.
   float route_score(bool* cloud, double* threshold);
+  struct Turn;  // one generate() call (edge_decoder.cpp)
 
   const Model& model_;
   EdgeOptions options_;

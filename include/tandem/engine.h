@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tandem/batch.h"  // BatchToken
@@ -237,6 +238,18 @@ class Sampler {
   void accept(TokenId token);
   void reset();
   const SamplingParams& params() const { return params_; }
+  // What sample() and accept() change -- the random stream and the penalty window -- for a
+  // caller that decodes ahead and may go back (pipelined routing); a copy of the whole sampler
+  // would also copy its n_vocab-sized scratch.
+  struct State {
+    uint64_t rng = 0;
+    std::vector<TokenId> history;
+  };
+  State state() const { return {rng_state_, history_}; }
+  void restore(State state) {
+    rng_state_ = state.rng;
+    history_ = std::move(state.history);
+  }
 
  private:
   SamplingParams params_;

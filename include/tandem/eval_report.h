@@ -25,6 +25,10 @@ struct ItemRecord {
   int generated = 0, generated_cloud = 0;
   uint64_t bytes_up = 0, bytes_down = 0;
   double ms = 0;
+  // Time stood still for the network; route events the cloud confirmed or changed; tokens
+  // decoded ahead of an answer and thrown away (EdgeStats).
+  double wait_ms = 0;
+  int route_confirmed = 0, route_changed = 0, wasted_tokens = 0;
 };
 
 // Per run name, per item id.

@@ -3,7 +3,7 @@
 //
 //   CloudFlags   --cloud --cloud-api --api-key --insecure --ca-file --cloud-timeout
 //   EdgeFlags    -m -c -t --cache-type-k/v; --mode; --policy --router --threshold --target-rate;
-//                --target-gain --route-span --draft --no-sync-ahead --sync-every;
+//                --target-gain --route-span --draft --no-sync-ahead --pipeline --sync-every;
 //                -n --temp --top-k --top-p --min-p; -s/--seed
 //   DeviceFlags  both groups whole: `tandem run` and `tandem ui`
 //   add_data_flag  --data, the benchmark data folder (eval, router collect)
@@ -47,7 +47,8 @@ struct EdgeFlags {
     kThreads = 1u << 2,   // -t
     kMode = 1u << 3,      // --mode
     kPolicy = 1u << 4,    // --policy, --router, --threshold, --target-rate
-    kControl = 1u << 5,   // --target-gain, --route-span, --draft, --no-sync-ahead, --sync-every
+    kControl = 1u << 5,   // --target-gain, --route-span, --draft, --no-sync-ahead, --pipeline,
+                          // --sync-every
     kSampling = 1u << 6,  // -n, --temp, --top-k, --top-p, --min-p
     kSeed = 1u << 7,      // -s, --seed
     kAll = (1u << 8) - 1,

@@ -128,6 +128,10 @@ std::map<std::string, ItemRecord> read_log(const fs::path& path) {
     r.bytes_up = j.value("bytes_up", uint64_t{0});
     r.bytes_down = j.value("bytes_down", uint64_t{0});
     r.ms = j.value("ms", 0.0);
+    r.wait_ms = j.value("wait_ms", 0.0);
+    r.route_confirmed = j.value("route_confirmed", 0);
+    r.route_changed = j.value("route_changed", 0);
+    r.wasted_tokens = j.value("wasted_tokens", 0);
     done[r.id] = r;
     keep = nl + 1;
     start = nl + 1;
@@ -332,6 +336,7 @@ class EvalCommand : public Command {
     return {{"route_span", base_.route_span},
             {"draft", base_.draft},
             {"sync_ahead", base_.sync_ahead},
+            {"pipeline", base_.pipeline},
             {"sync_every", base_.sync_every},
             {"target_gain", base_.router.rate_gain},
             {"cloud_timeout_s", base_.cloud_timeout_s},
@@ -475,6 +480,10 @@ class EvalCommand : public Command {
       r.bytes_up = res.stats.bytes_up;
       r.bytes_down = res.stats.bytes_down;
       r.ms = res.stats.total_ms;
+      r.wait_ms = res.stats.wait_ms;
+      r.route_confirmed = res.stats.route_confirmed;
+      r.route_changed = res.stats.route_changed;
+      r.wasted_tokens = res.stats.wasted_tokens;
       json line = {{"id", r.id},
                    {"run", spec.name},
                    {"question", item.question},
@@ -490,7 +499,11 @@ class EvalCommand : public Command {
                    {"fallbacks", r.fallbacks},
                    {"bytes_up", r.bytes_up},
                    {"bytes_down", r.bytes_down},
-                   {"ms", r.ms}};
+                   {"ms", r.ms},
+                   {"wait_ms", r.wait_ms},
+                   {"route_confirmed", r.route_confirmed},
+                   {"route_changed", r.route_changed},
+                   {"wasted_tokens", r.wasted_tokens}};
       if (!error.empty()) line["error"] = error;
       out << line.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
       out.flush();

@@ -91,7 +91,9 @@ void CloudLink::sync(const std::vector<TokenId>& history) {
   {
     std::lock_guard lock(mu_);
     if (disabled_ || Clock::now() < retry_at_) return;
-    if (pending_request_) return;  // the request carries the history anyway
+    // A consultation queued or unanswered carries the history anyway (and a pipelined decoder's
+    // history past it is not settled yet).
+    if (pending_request_ || awaited_id_ != 0) return;
     pending_sync_ = history;
   }
   cv_work_.notify_one();
@@ -99,14 +101,21 @@ void CloudLink::sync(const std::vector<TokenId>& history) {
 
 std::optional<CloudStepResult> CloudLink::request(const std::vector<TokenId>& history,
                                                   const CloudOp& op, std::string* why) {
-  std::unique_lock lock(mu_);
+  const uint64_t ticket = begin(history, op, why);
+  if (ticket == 0) return std::nullopt;
+  return wait(ticket, why);
+}
+
+uint64_t CloudLink::begin(const std::vector<TokenId>& history, const CloudOp& op,
+                          std::string* why) {
+  std::lock_guard lock(mu_);
   if (disabled_) {
     if (why) *why = "cloud disabled: " + last_error_;
-    return std::nullopt;
+    return 0;
   }
   if (Clock::now() < retry_at_) {
     if (why) *why = "backing off after: " + last_error_;
-    return std::nullopt;
+    return 0;
   }
   if (consecutive_failures_ > 0) {
     // The cloud failed last time: find out in the background (a sync, which also warms its KV)
@@ -116,19 +125,26 @@ std::optional<CloudStepResult> CloudLink::request(const std::vector<TokenId>& hi
       cv_work_.notify_one();
     }
     if (why) *why = "cloud recovering, probing in the background after: " + last_error_;
-    return std::nullopt;
+    return 0;
   }
   const uint64_t id = next_id_++;
-  pending_sync_.reset();
+  pending_sync_.reset();  // the request carries the history: a queued push is redundant
   pending_request_ = Pending{id, history, op};
   awaited_id_ = id;
-  cv_work_.notify_one();
   // The worker may first finish a sync in flight; the HTTP timeout bounds both, this bounds
   // the wait (a little over one timeout so that the HTTP layer reports its own error first).
-  const auto deadline = Clock::now() + std::chrono::microseconds(
-                                           static_cast<long>(options_.timeout_s * 1.05e6 + 50e3));
-  const bool done = cv_done_.wait_until(lock, deadline, [&] { return done_id_ >= id || stop_; });
-  awaited_id_ = 0;
+  awaited_deadline_ = Clock::now() + std::chrono::microseconds(
+                                         static_cast<long>(options_.timeout_s * 1.05e6 + 50e3));
+  cv_work_.notify_one();
+  return id;
+}
+
+std::optional<CloudStepResult> CloudLink::wait(uint64_t id, std::string* why) {
+  std::unique_lock lock(mu_);
+  const bool done = id == awaited_id_ && cv_done_.wait_until(lock, awaited_deadline_, [&] {
+    return done_id_ >= id || stop_;
+  });
+  if (id == awaited_id_) awaited_id_ = 0;
   if (!done || done_id_ != id) {
     if (pending_request_ && pending_request_->id == id) pending_request_.reset();
     const CloudError e(
@@ -143,6 +159,11 @@ std::optional<CloudStepResult> CloudLink::request(const std::vector<TokenId>& hi
     return std::nullopt;
   }
   return std::move(result_);
+}
+
+bool CloudLink::answered(uint64_t id) const {
+  std::lock_guard lock(mu_);
+  return id != awaited_id_ || done_id_ >= id || stop_ || Clock::now() >= awaited_deadline_;
 }
 
 void CloudLink::worker() {

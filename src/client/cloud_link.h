@@ -44,6 +44,16 @@ class CloudLink {
   std::optional<CloudStepResult> request(const std::vector<TokenId>& history, const CloudOp& op,
                                          std::string* why);
 
+  // request() in two halves, so that the decoder can go on decoding while the cloud thinks:
+  // begin() queues the consultation and returns its ticket (0, with *why, when it is refused at
+  // once: disabled, backing off, recovering); wait() collects its answer, waiting at most until
+  // the timeout counted from begin(). One consultation at a time: a begin() replaces one that
+  // nobody waited for.
+  uint64_t begin(const std::vector<TokenId>& history, const CloudOp& op, std::string* why);
+  std::optional<CloudStepResult> wait(uint64_t ticket, std::string* why);
+  // True when wait(ticket) would return at once (answered, failed, timed out or replaced).
+  bool answered(uint64_t ticket) const;
+
   // False while backing off after a failure or after a fatal error.
   bool ready() const;
   bool disabled() const;  // a fatal error: never again
@@ -76,7 +86,8 @@ class CloudLink {
   bool stop_ = false;
   bool pending_new_conversation_ = false;
   bool busy_ = false;        // the worker is inside a backend call
-  uint64_t awaited_id_ = 0;  // the request request() is waiting for, 0 for none
+  uint64_t awaited_id_ = 0;  // the request begin() queued and wait() will collect, 0 for none
+  std::chrono::steady_clock::time_point awaited_deadline_{};
   bool disabled_ = false;
   int consecutive_failures_ = 0, failures_ = 0, sync_steps_ = 0, sync_failures_ = 0;
   std::chrono::steady_clock::time_point retry_at_{};

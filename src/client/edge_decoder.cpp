@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
+#include <utility>
 
 #include "client/cloud_link.h"
 #include "common/error.h"
@@ -149,10 +151,477 @@ float EdgeDecoder::route_score(bool* cloud, double* threshold) {
   return d.score;
 }
 
-EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict,
-                                 const EdgeTokenCallback& on_token) {
+namespace {
+
+// A routed position whose answer is still out (pipelined route mode), and the decoder as it was
+// there: the router after its decision, the sampler, the small model's logits (and hidden state)
+// at that position. An answer other than `guess` puts all of it back, so the decoder then goes
+// on exactly as blocking route mode would have.
+struct Flight {
+  uint64_t ticket = 0;
+  size_t pos = 0;  // history length at the routed position
+  Router router;
+  Sampler::State sampler;
+  std::vector<float> logits, hidden;  // [n_vocab], [n_embd] or empty
+  float score = 0;
+  double threshold = 0;
+  TokenId edge_guess = -1;     // the small model's top-1 at pos
+  std::vector<TokenId> guess;  // what the device assumes the cloud answers
+  Clock::time_point sent;
+};
+
+// A token decoded past an unanswered routed position: published once the answer agrees. The
+// router, sampler and history length as they were right after it, for a callback that stops the
+// answer there (blocking mode would have stopped in that state).
+struct Held {
+  EdgeToken token;
+  Router router;
+  Sampler::State sampler;
+  size_t history_len = 0;
+};
+
+enum class Resolved { Confirmed, Rewound, Ended };
+
+}  // namespace
+
+// One generate() call: its result and text stream, the sync-ahead bookkeeping, and in pipelined
+// route mode the consultation in flight with the tokens held back behind it (docs/client.md,
+// "Pipelined routing"). Every step_*() decodes one position (or one cloud answer) and returns
+// false when the answer -- or, with a consultation in flight, the assumed answer -- ends there.
+struct EdgeDecoder::Turn {
+  Turn(EdgeDecoder& decoder, int n_predict, const EdgeTokenCallback& on_token)
+      : d(decoder), n_predict(n_predict), on_token(on_token), stream(decoder.model_) {
+    if (d.link_) {
+      c0 = d.link_->counters();
+      sync0 = d.link_->sync_steps();
+      syncfail0 = d.link_->sync_failures();
+      fail0 = d.link_->failures();
+    }
+    use_cloud = d.link_ && d.options_.mode != EdgeMode::Local;
+    maybe_sync(true);  // the prompt goes up while the small model prefills it
+    t_start = Clock::now();
+  }
+
+  EdgeResult run() {
+    bool going = n_predict > 0;
+    for (;;) {
+      if (going && remaining() <= 0) {
+        end(produced() >= n_predict ? StopReason::Length : StopReason::ContextFull);
+        going = false;
+      }
+      if (!going) {
+        // The answer ends here unless the consultation still out says otherwise.
+        if (!flight) break;
+        going = resolve() == Resolved::Rewound;
+        continue;
+      }
+      going = step();
+    }
+    finish();
+    return std::move(res);
+  }
+
+ private:
+  bool step() {
+    // An answer that is in settles its position now, not at the next routed position: confirmed
+    // tokens stream out at once, and fewer tokens are decoded past an answer that changes them.
+    if (flight && d.link_->answered(flight->ticket) && resolve() == Resolved::Ended) return false;
+    switch (d.options_.mode) {
+      case EdgeMode::Local:
+        return emit(d.sample_local(), TokenSource::Local, 0.0f);
+      case EdgeMode::Route:
+        return step_route();
+      case EdgeMode::Speculative:
+        return step_speculative();
+      case EdgeMode::Cloud:
+        return step_cloud();
+    }
+    return false;
+  }
+
+  // ---- producing tokens ----
+
+  int produced() const { return static_cast<int>(res.ids.size() + held.size()); }
+  int remaining() const {
+    const int by_n = n_predict - produced();
+    const int by_ctx = d.ctx_->n_ctx() - static_cast<int>(d.history_.size());
+    return std::max(0, std::min(by_n, by_ctx));
+  }
+  // How the answer ends; with a consultation in flight only how the assumed answer would.
+  void end(StopReason why) {
+    if (flight) {
+      held_stop = why;
+    } else {
+      res.stop = why;
+    }
+  }
+
+  // Appends one produced token to the conversation and publishes it, or holds it back while a
+  // consultation is in flight; false when generation ends here.
+  bool emit(TokenId id, TokenSource source, float score, TokenId edge_top1 = -1,
+            bool fallback = false) {
+    if (d.model_.is_end_of_generation(id)) {
+      end(StopReason::EndOfGeneration);
+      return false;
+    }
+    d.history_.push_back(id);
+    d.sampler_.accept(id);
+    const EdgeToken token{id, source, score, edge_top1, fallback, decided_threshold};
+    if (flight) {
+      held.push_back(Held{token, d.router_, d.sampler_.state(), d.history_.size()});
+    } else if (!publish(token)) {
+      res.stop = StopReason::Callback;
+      return false;
+    }
+    if (produced() >= n_predict) {
+      end(StopReason::Length);
+      return false;
+    }
+    if (d.history_.size() >= static_cast<size_t>(d.ctx_->n_ctx())) {
+      end(StopReason::ContextFull);
+      return false;
+    }
+    return true;
+  }
+
+  // Hands a token to the result and the callback; false when the callback stops the answer.
+  bool publish(const EdgeToken& t) {
+    if (res.ids.empty()) st.ttft_ms = ms_since(t_start);
+    res.ids.push_back(t.id);
+    res.sources.push_back(t.source);
+    res.scores.push_back(t.score);
+    if (t.source == TokenSource::Cloud) ++st.cloud_tokens;
+    const std::string piece = stream.push(t.id);
+    res.text += piece;
+    return !on_token || on_token(t, piece);
+  }
+
+  // A locally decided token (a fallback when the cloud was asked and failed).
+  bool emit_local(float score, bool fallback) {
+    const bool going = emit(d.sample_local(), TokenSource::Local, score, -1, fallback);
+    if (going) maybe_sync(false);
+    return going;
+  }
+
+  // Emits a cloud answer's tokens; the first `n_local_prefix` are the device's own (accepted
+  // drafts). `edge_guess` is the small model's greedy token at the first cloud-decided position
+  // (-1: unknown).
+  bool emit_cloud(std::span<const TokenId> tokens, float score, int n_local_prefix,
+                  TokenId edge_guess) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const bool local = static_cast<int>(i) < n_local_prefix;
+      const TokenId guess = static_cast<int>(i) == n_local_prefix ? edge_guess : -1;
+      if (!emit(tokens[i], local ? TokenSource::Local : TokenSource::Cloud, score, guess)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // ---- the cloud ----
+
+  void maybe_sync(bool force) {
+    // While a consultation is out, it carries the history, and what lies past it is unsettled.
+    if (!use_cloud || !d.options_.sync_ahead || flight) return;
+    if (!force && d.history_.size() < synced + static_cast<size_t>(d.options_.sync_every)) return;
+    d.link_->sync(d.history_);
+    synced = d.history_.size();
+  }
+
+  CloudOp generate_op(int n) const {
+    CloudOp op;
+    op.kind = CloudOpKind::Generate;
+    op.n_generate = n;
+    op.sampling = d.options_.sampling;
+    op.send_seed = d.options_.sampling.seed != kRandomSeed;
+    return op;
+  }
+
+  void note_failure(const std::string& why) {
+    st.last_cloud_error = why;
+    if (cloud_warned++ == 0 && !why.empty()) {
+      std::fprintf(stderr, "tandem: cloud: %s; decoding locally\n", why.c_str());
+    }
+  }
+  void note_answer(const CloudStepResult& r) {
+    ++st.route_events;
+    st.prefilled_on_route += r.prefilled;
+  }
+
+  // A consultation the decoder waits for; nullopt (the caller counts a fallback) on failure.
+  std::optional<CloudStepResult> consult(const CloudOp& op) {
+    const auto t0 = Clock::now();
+    std::string why;
+    auto r = d.link_->request(d.history_, op, &why);
+    const double ms = ms_since(t0);
+    st.cloud_ms += ms;
+    st.wait_ms += ms;
+    if (!r) {
+      note_failure(why);
+      return std::nullopt;
+    }
+    note_answer(*r);
+    return r;
+  }
+
+  // ---- route mode ----
+
+  // One position: the router decides; the cloud's answer or the device's own token goes in.
+  bool step_route() {
+    bool to_cloud = false;
+    const float score = d.route_score(&to_cloud, &decided_threshold);
+    if (!to_cloud) {
+      d.router_.record(false, 1);
+      return emit_local(score, false);
+    }
+    if (flight) {
+      // A second routed position while the first is out: wait for the first (depth 1). Its
+      // answer either stands (this position then goes out as usual) or rewinds past this
+      // position (this decision was then never taken).
+      const Resolved first = resolve();
+      if (first != Resolved::Confirmed) return first == Resolved::Rewound;
+    }
+    const TokenId edge_guess = argmax(d.logits_);  // route_score left the logits current
+    const CloudOp op = generate_op(std::min(d.options_.route_span, remaining()));
+    if (!d.link_) return take_answer(std::nullopt, score, edge_guess);
+    if (!d.options_.pipeline) {
+      const std::optional<CloudStepResult> r = consult(op);
+      if (r) count_agreement(!r->tokens.empty() && r->tokens[0] == edge_guess);
+      return take_answer(r, score, edge_guess);
+    }
+    std::string why;
+    const uint64_t ticket = d.link_->begin(d.history_, op, &why);
+    if (ticket == 0) {
+      note_failure(why);
+      return take_answer(std::nullopt, score, edge_guess);
+    }
+    return route_ahead(ticket, op.n_generate, score, edge_guess);
+  }
+
+  void count_agreement(bool same) { ++(same ? st.route_confirmed : st.route_changed); }
+
+  // A route event's outcome as blocking route mode takes it: the cloud's tokens, or (nullopt) a
+  // fallback to the device's own token.
+  bool take_answer(const std::optional<CloudStepResult>& r, float score, TokenId edge_guess) {
+    if (r) {
+      d.router_.record(true, static_cast<int>(r->tokens.size()));
+      return emit_cloud(r->tokens, score, 0, edge_guess);
+    }
+    ++st.fallbacks;
+    d.router_.record(false, 1);
+    return emit_local(score, true);
+  }
+
+  // Pipelined: the request is out. Go on as if the cloud answered the device's own greedy
+  // continuation, holding its tokens and every later one back until the answer is in.
+  bool route_ahead(uint64_t ticket, int n, float score, TokenId edge_guess) {
+    flight.emplace(Flight{ticket, d.history_.size(), d.router_, d.sampler_.state(), d.logits_,
+                          d.hidden_, score, decided_threshold, edge_guess,
+                          greedy_chain(edge_guess, n), Clock::now()});
+    d.router_.record(true, static_cast<int>(flight->guess.size()));
+    return emit_cloud(flight->guess, score, 0, edge_guess);
+  }
+
+  // The small model's greedy continuation of up to n tokens from here, starting with `first`
+  // (its top-1 here) and cut after an end-of-generation token, as a route span's answer would
+  // be. Decoding it runs the KV ahead of history_; the lazy rule keeps what is then appended.
+  std::vector<TokenId> greedy_chain(TokenId first, int n) {
+    std::vector<TokenId> chain{first};
+    const size_t pos = d.history_.size();
+    while (static_cast<int>(chain.size()) < n && !d.model_.is_end_of_generation(chain.back())) {
+      d.history_.push_back(chain.back());
+      d.ensure_local_logits();
+      chain.push_back(argmax(d.logits_));
+    }
+    d.history_.resize(pos);
+    return chain;
+  }
+
+  // Waits for the answer in flight. The tokens assumed: the held tokens are published
+  // (Confirmed, or Ended when the assumed answer ended there or the callback stopped it).
+  // Otherwise everything goes back to the routed position and the answer -- or, when the cloud
+  // failed, the device's fallback token -- goes in as blocking route mode takes it (Rewound, or
+  // Ended when that ends the answer).
+  Resolved resolve() {
+    Flight f = std::move(*flight);
+    flight.reset();
+    std::string why;
+    const auto t0 = Clock::now();
+    const std::optional<CloudStepResult> r = d.link_->wait(f.ticket, &why);
+    st.wait_ms += ms_since(t0);
+    st.cloud_ms += ms_since(f.sent);
+    if (r) {
+      note_answer(*r);
+      count_agreement(r->tokens == f.guess);
+      if (r->tokens == f.guess) return publish_held() ? Resolved::Confirmed : Resolved::Ended;
+    } else {
+      note_failure(why);
+    }
+    const std::vector<TokenId> ahead(d.history_.begin() + f.pos, d.history_.end());
+    rewind(f);
+    const bool going = take_answer(r, f.score, f.edge_guess);
+    count_wasted(ahead, f.pos);
+    return going ? Resolved::Rewound : Resolved::Ended;
+  }
+
+  // Publishes the held tokens in order; false when the answer ends with them (the assumed
+  // answer ended there, or the callback stopped it at one: the decoder is then put back to just
+  // after that token, where blocking mode would have stopped).
+  bool publish_held() {
+    std::vector<Held> tokens = std::move(held);
+    held.clear();
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (publish(tokens[i].token)) continue;
+      d.router_ = std::move(tokens[i].router);
+      d.sampler_.restore(std::move(tokens[i].sampler));
+      d.history_.resize(tokens[i].history_len);
+      st.wasted_tokens += static_cast<int>(tokens.size() - i - 1);
+      res.stop = StopReason::Callback;
+      held_stop.reset();
+      return false;
+    }
+    if (!held_stop) return true;
+    res.stop = *std::exchange(held_stop, std::nullopt);
+    return false;
+  }
+
+  // Back to f's routed position: the conversation, the router (after its decision there), the
+  // sampler, and the small model's KV (cut there) and logits (restored, not recomputed).
+  void rewind(const Flight& f) {
+    held.clear();
+    held_stop.reset();
+    d.history_.resize(f.pos);
+    d.router_ = f.router;
+    d.sampler_.restore(f.sampler);
+    decided_threshold = f.threshold;
+    if (d.local_tokens_.size() > f.pos) {
+      d.ctx_->truncate(0, static_cast<int>(f.pos));
+      d.local_tokens_.resize(f.pos);
+    }
+    d.logits_ = f.logits;
+    d.hidden_ = f.hidden;
+    d.logits_pos_ = f.pos;
+  }
+
+  // Tokens decoded past `pos` (`ahead`) that the conversation no longer holds after a rewind.
+  void count_wasted(const std::vector<TokenId>& ahead, size_t pos) {
+    size_t kept = 0;
+    while (kept < ahead.size() && pos + kept < d.history_.size() &&
+           d.history_[pos + kept] == ahead[kept]) {
+      ++kept;
+    }
+    st.wasted_tokens += static_cast<int>(ahead.size() - kept);
+  }
+
+  // ---- speculative and cloud modes ----
+
+  // Greedy drafts from the small model, at most room - 1 so that the cloud's extra token still
+  // fits; the drafts run ahead in the local KV (kept when accepted).
+  std::vector<TokenId> draft(int room) {
+    d.ensure_local_logits();
+    const int n_draft = std::min(d.options_.draft, room - 1);
+    std::vector<TokenId> drafts;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n_draft; ++i) {
+      const TokenId t = argmax(d.logits_);
+      drafts.push_back(t);
+      if (d.model_.is_end_of_generation(t) || i + 1 == n_draft) break;
+      const BatchToken bt{t, static_cast<int32_t>(d.local_tokens_.size()), 0, true};
+      d.ctx_->decode(std::span<const BatchToken>(&bt, 1));
+      d.local_tokens_.push_back(t);
+      const auto row = d.ctx_->logits(0);
+      d.logits_.assign(row.begin(), row.end());
+      d.logits_pos_ = d.local_tokens_.size();
+    }
+    d.local_ms_ += ms_since(t0);
+    return drafts;
+  }
+
+  bool step_speculative() {
+    std::optional<CloudStepResult> r;
+    std::vector<TokenId> drafts;
+    if (d.link_ && d.link_->ready()) {
+      drafts = draft(remaining());
+      if (drafts.empty()) {
+        r = consult(generate_op(1));
+      } else {
+        CloudOp op;
+        op.kind = CloudOpKind::Verify;
+        op.draft = drafts;
+        st.drafted += static_cast<int>(drafts.size());
+        r = consult(op);
+        if (r) st.accepted_drafts += r->accepted;
+      }
+    }
+    if (r) {
+      const TokenId edge_guess =
+          r->accepted < static_cast<int>(drafts.size()) ? drafts[r->accepted] : -1;
+      return emit_cloud(r->tokens, 0.0f, r->accepted, edge_guess);
+    }
+    ++st.fallbacks;
+    return emit(d.sample_local(), TokenSource::Local, 0.0f, -1, true);
+  }
+
+  bool step_cloud() {
+    std::optional<CloudStepResult> r;
+    if (d.link_ && d.link_->ready()) {
+      // Small first steps so the first token streams early, then full chunks.
+      const int chunk = std::min(d.options_.cloud_chunk, 1 << std::min(st.route_events, 16));
+      r = consult(generate_op(std::min(chunk, remaining())));
+    }
+    if (r) return emit_cloud(r->tokens, 1.0f, 0, -1);
+    ++st.fallbacks;
+    return emit(d.sample_local(), TokenSource::Local, 0.0f, -1, true);
+  }
+
+  void finish() {
+    const std::string tail = stream.flush();
+    res.text += tail;
+    if (on_token && !tail.empty()) on_token(EdgeToken{-1, TokenSource::Local, 0.0f}, tail);
+    st.total_ms = ms_since(t_start);
+    st.local_ms = d.local_ms_;
+    st.tokens = static_cast<int>(res.ids.size());
+    st.cloud_share = st.tokens ? static_cast<double>(st.cloud_tokens) / st.tokens : 0.0;
+    st.tok_s = st.total_ms > 0 ? 1000.0 * st.tokens / st.total_ms : 0.0;
+    if (!d.link_) {
+      st.cloud_lost = d.options_.mode != EdgeMode::Local;
+      return;
+    }
+    const CloudCounters c1 = d.link_->counters();
+    st.bytes_up = c1.bytes_up - c0.bytes_up;
+    st.bytes_down = c1.bytes_down - c0.bytes_down;
+    st.replays = c1.replays - c0.replays;
+    st.sync_steps = d.link_->sync_steps() - sync0;
+    st.sync_failures = d.link_->sync_failures() - syncfail0;
+    st.cloud_failures = d.link_->failures() - fail0;
+    st.cloud_lost = d.link_->disabled() || (st.fallbacks > 0 && st.route_events == 0);
+    if (st.last_cloud_error.empty() && st.cloud_failures > 0) {
+      st.last_cloud_error = d.link_->last_error();
+    }
+  }
+
+  EdgeDecoder& d;
+  const int n_predict;
+  const EdgeTokenCallback& on_token;
   EdgeResult res;
   EdgeStats& st = res.stats;
+  TextStream stream;
+  Clock::time_point t_start;
+  CloudCounters c0;
+  int sync0 = 0, syncfail0 = 0, fail0 = 0;
+  bool use_cloud = false;
+  size_t synced = 0;  // history length last pushed
+  int cloud_warned = 0;
+  // The threshold the current route decision was taken against; every token it produces carries
+  // it (EdgeToken::threshold). Stays NaN outside route mode.
+  double decided_threshold = std::numeric_limits<double>::quiet_NaN();
+  std::optional<Flight> flight;         // pipelined route mode: the consultation out
+  std::vector<Held> held;               // tokens decoded past it, not yet published
+  std::optional<StopReason> held_stop;  // how the assumed answer ends, when it does
+};
+
+EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict,
+                                 const EdgeTokenCallback& on_token) {
   if (context.empty()) throw Error("generate: the prompt is empty (no tokens to start from)");
   if (context.size() >= static_cast<size_t>(ctx_->n_ctx())) {
     throw Error("the prompt has " + std::to_string(context.size()) +
@@ -165,220 +634,9 @@ EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict
   if (!continues && link_) link_->new_conversation();
   history_.assign(context.begin(), context.end());
   for (TokenId t : context) sampler_.accept(t);
-
-  const CloudCounters c0 = link_ ? link_->counters() : CloudCounters{};
-  const int sync0 = link_ ? link_->sync_steps() : 0, syncfail0 = link_ ? link_->sync_failures() : 0;
-  const int fail0 = link_ ? link_->failures() : 0;
   local_ms_ = 0;
-  const bool use_cloud = link_ && options_.mode != EdgeMode::Local;
-  // The prompt goes up while the small model prefills it.
-  size_t synced = 0;  // history length last pushed
-  auto maybe_sync = [&](bool force) {
-    if (!use_cloud || !options_.sync_ahead) return;
-    if (!force && history_.size() < synced + static_cast<size_t>(options_.sync_every)) return;
-    link_->sync(history_);
-    synced = history_.size();
-  };
-  maybe_sync(true);
-
-  const auto t_start = Clock::now();
-  TextStream stream(model_);
-  bool stopped = false;
-  int cloud_warned = 0;
-  // The threshold the current route decision was taken against; every token it produces carries
-  // it (EdgeToken::threshold). Stays NaN outside route mode.
-  double decided_threshold = std::numeric_limits<double>::quiet_NaN();
-
-  // Appends one produced token; false when generation ends here.
-  auto emit = [&](TokenId id, TokenSource source, float score, TokenId edge_top1 = -1,
-                  bool fallback = false) -> bool {
-    if (model_.is_end_of_generation(id)) {
-      res.stop = StopReason::EndOfGeneration;
-      return false;
-    }
-    if (res.ids.empty()) st.ttft_ms = ms_since(t_start);
-    history_.push_back(id);
-    sampler_.accept(id);
-    res.ids.push_back(id);
-    res.sources.push_back(source);
-    res.scores.push_back(score);
-    if (source == TokenSource::Cloud) ++st.cloud_tokens;
-    const std::string piece = stream.push(id);
-    res.text += piece;
-    if (on_token &&
-        !on_token(EdgeToken{id, source, score, edge_top1, fallback, decided_threshold}, piece)) {
-      res.stop = StopReason::Callback;
-      return false;
-    }
-    if (static_cast<int>(res.ids.size()) >= n_predict) {
-      res.stop = StopReason::Length;
-      return false;
-    }
-    if (history_.size() >= static_cast<size_t>(ctx_->n_ctx())) {
-      res.stop = StopReason::ContextFull;
-      return false;
-    }
-    return true;
-  };
-  // A consultation; nullopt (with a fallback counted by the caller) when the cloud fails.
-  auto consult = [&](const CloudOp& op) -> std::optional<CloudStepResult> {
-    const auto t0 = Clock::now();
-    std::string why;
-    auto r = link_->request(history_, op, &why);
-    st.cloud_ms += ms_since(t0);
-    if (!r) {
-      st.last_cloud_error = why;
-      if (cloud_warned++ == 0 && !why.empty()) {
-        std::fprintf(stderr, "tandem: cloud: %s; decoding locally\n", why.c_str());
-      }
-      return std::nullopt;
-    }
-    ++st.route_events;
-    st.prefilled_on_route += r->prefilled;
-    return r;
-  };
-  auto remaining = [&] {
-    const int by_n = n_predict - static_cast<int>(res.ids.size());
-    const int by_ctx = ctx_->n_ctx() - static_cast<int>(history_.size());
-    return std::max(0, std::min(by_n, by_ctx));
-  };
-  auto cloud_generate_op = [&](int n) {
-    CloudOp op;
-    op.kind = CloudOpKind::Generate;
-    op.n_generate = n;
-    op.sampling = options_.sampling;
-    op.send_seed = options_.sampling.seed != kRandomSeed;
-    return op;
-  };
-  // Emits a cloud answer's tokens; false when generation ended. `edge_guess` is the small
-  // model's greedy token at the first cloud-decided position (-1: unknown).
-  auto emit_cloud = [&](const CloudStepResult& r, float score, int n_local_prefix,
-                        TokenId edge_guess) -> bool {
-    for (size_t i = 0; i < r.tokens.size(); ++i) {
-      const bool local = static_cast<int>(i) < n_local_prefix;
-      const TokenId guess = static_cast<int>(i) == n_local_prefix ? edge_guess : -1;
-      if (!emit(r.tokens[i], local ? TokenSource::Local : TokenSource::Cloud, score, guess)) {
-        return false;
-      }
-    }
-    return true;
-  };
-
-  if (n_predict <= 0) stopped = true;
-  while (!stopped) {
-    if (remaining() <= 0) {
-      res.stop = static_cast<int>(res.ids.size()) >= n_predict ? StopReason::Length
-                                                               : StopReason::ContextFull;
-      break;
-    }
-    switch (options_.mode) {
-      case EdgeMode::Local: {
-        stopped = !emit(sample_local(), TokenSource::Local, 0.0f);
-        break;
-      }
-      case EdgeMode::Route: {
-        bool to_cloud = false;
-        const float score = route_score(&to_cloud, &decided_threshold);
-        if (to_cloud) {
-          std::optional<CloudStepResult> r;
-          const TokenId edge_guess = argmax(logits_);  // route_score left the logits current
-          if (link_) r = consult(cloud_generate_op(std::min(options_.route_span, remaining())));
-          if (r) {
-            router_.record(true, static_cast<int>(r->tokens.size()));
-            stopped = !emit_cloud(*r, score, 0, edge_guess);
-            break;
-          }
-          ++st.fallbacks;
-        }
-        router_.record(false, 1);
-        stopped = !emit(sample_local(), TokenSource::Local, score, -1, to_cloud);
-        if (!stopped) maybe_sync(false);
-        break;
-      }
-      case EdgeMode::Speculative: {
-        std::optional<CloudStepResult> r;
-        const int room = remaining();
-        std::vector<TokenId> drafts;
-        if (link_ && link_->ready()) {
-          // Greedy drafts from the small model, at most room - 1 so that the cloud's extra token
-          // still fits; the drafts run ahead in the local KV (kept when accepted).
-          ensure_local_logits();
-          const int n_draft = std::min(options_.draft, room - 1);
-          const auto t0 = Clock::now();
-          for (int i = 0; i < n_draft; ++i) {
-            const TokenId d = argmax(logits_);
-            drafts.push_back(d);
-            if (model_.is_end_of_generation(d) || i + 1 == n_draft) break;
-            const BatchToken bt{d, static_cast<int32_t>(local_tokens_.size()), 0, true};
-            ctx_->decode(std::span<const BatchToken>(&bt, 1));
-            local_tokens_.push_back(d);
-            const auto row = ctx_->logits(0);
-            logits_.assign(row.begin(), row.end());
-            logits_pos_ = local_tokens_.size();
-          }
-          local_ms_ += ms_since(t0);
-          if (drafts.empty()) {
-            r = consult(cloud_generate_op(1));
-          } else {
-            CloudOp op;
-            op.kind = CloudOpKind::Verify;
-            op.draft = drafts;
-            st.drafted += static_cast<int>(drafts.size());
-            r = consult(op);
-            if (r) st.accepted_drafts += r->accepted;
-          }
-        }
-        if (r) {
-          const TokenId edge_guess =
-              r->accepted < static_cast<int>(drafts.size()) ? drafts[r->accepted] : -1;
-          stopped = !emit_cloud(*r, 0.0f, r->accepted, edge_guess);
-          break;
-        }
-        ++st.fallbacks;
-        stopped = !emit(sample_local(), TokenSource::Local, 0.0f, -1, true);
-        break;
-      }
-      case EdgeMode::Cloud: {
-        std::optional<CloudStepResult> r;
-        if (link_ && link_->ready()) {
-          // Small first steps so the first token streams early, then full chunks.
-          const int chunk = std::min(options_.cloud_chunk, 1 << std::min(st.route_events, 16));
-          r = consult(cloud_generate_op(std::min(chunk, remaining())));
-        }
-        if (r) {
-          stopped = !emit_cloud(*r, 1.0f, 0, -1);
-          break;
-        }
-        ++st.fallbacks;
-        stopped = !emit(sample_local(), TokenSource::Local, 0.0f, -1, true);
-        break;
-      }
-    }
-  }
-  const std::string tail = stream.flush();
-  res.text += tail;
-  if (on_token && !tail.empty()) on_token(EdgeToken{-1, TokenSource::Local, 0.0f}, tail);
-
-  st.total_ms = ms_since(t_start);
-  st.local_ms = local_ms_;
-  st.tokens = static_cast<int>(res.ids.size());
-  st.cloud_share = st.tokens ? static_cast<double>(st.cloud_tokens) / st.tokens : 0.0;
-  st.tok_s = st.total_ms > 0 ? 1000.0 * st.tokens / st.total_ms : 0.0;
-  if (link_) {
-    const CloudCounters c1 = link_->counters();
-    st.bytes_up = c1.bytes_up - c0.bytes_up;
-    st.bytes_down = c1.bytes_down - c0.bytes_down;
-    st.replays = c1.replays - c0.replays;
-    st.sync_steps = link_->sync_steps() - sync0;
-    st.sync_failures = link_->sync_failures() - syncfail0;
-    st.cloud_failures = link_->failures() - fail0;
-    st.cloud_lost = link_->disabled() || (st.fallbacks > 0 && st.route_events == 0);
-    if (st.last_cloud_error.empty() && st.cloud_failures > 0)
-      st.last_cloud_error = link_->last_error();
-  } else {
-    st.cloud_lost = options_.mode != EdgeMode::Local;
-  }
-  return res;
+  Turn turn(*this, n_predict, on_token);
+  return turn.run();
 }
 
 }  // namespace tandem

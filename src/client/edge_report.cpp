@@ -29,6 +29,7 @@ nlohmann::json edge_stats_json(const EdgeStats& s) {
   j["bytes_up"] = s.bytes_up;
   j["bytes_down"] = s.bytes_down;
   j["cloud_ms"] = s.cloud_ms;
+  j["wait_ms"] = s.wait_ms;
   j["local_ms"] = s.local_ms;
   j["ttft_ms"] = s.ttft_ms;
   j["tok_s"] = s.tok_s;
@@ -40,6 +41,9 @@ nlohmann::json edge_stats_json(const EdgeStats& s) {
   j["sync_steps"] = s.sync_steps;
   j["sync_failures"] = s.sync_failures;
   j["cloud_failures"] = s.cloud_failures;
+  j["route_confirmed"] = s.route_confirmed;
+  j["route_changed"] = s.route_changed;
+  j["wasted_tokens"] = s.wasted_tokens;
   j["cloud_lost"] = s.cloud_lost;
   j["total_ms"] = s.total_ms;
   if (!s.last_cloud_error.empty()) j["last_cloud_error"] = s.last_cloud_error;

@@ -38,7 +38,8 @@ json run_row(const ReportRun& spec, const ReportTask& task, const RunRecords& by
   int64_t n = 0, k = 0, tokens = 0, cloud = 0, events = 0, fallbacks = 0, agree = 0;
   int64_t generated = 0, generated_cloud = 0;
   uint64_t up = 0, down = 0;
-  double ms = 0;
+  double ms = 0, wait_ms = 0;
+  int64_t confirmed = 0, changed = 0, wasted = 0;
   for (const std::string& id : task.item_ids) {
     const ItemRecord& r = recs.at(id);
     ++n;
@@ -52,6 +53,10 @@ json run_row(const ReportRun& spec, const ReportTask& task, const RunRecords& by
     up += r.bytes_up;
     down += r.bytes_down;
     ms += r.ms;
+    wait_ms += r.wait_ms;
+    confirmed += r.route_confirmed;
+    changed += r.route_changed;
+    wasted += r.wasted_tokens;
     if (have_cloud) agree += r.answer == by_run.at("cloud").at(id).answer;
   }
   const double acc = n ? static_cast<double>(k) / n : 0;
@@ -74,7 +79,11 @@ json run_row(const ReportRun& spec, const ReportTask& task, const RunRecords& by
               {"bytes_up", up},
               {"bytes_down", down},
               {"ms_per_answer", n ? ms / n : 0.0},
-              {"tok_s", ms > 0 ? 1000.0 * generated / ms : 0.0}};
+              {"tok_s", ms > 0 ? 1000.0 * generated / ms : 0.0},
+              {"wait_ms_per_answer", n ? wait_ms / n : 0.0},
+              {"route_confirmed", confirmed},
+              {"route_changed", changed},
+              {"wasted_tokens", wasted}};
   if (have_cloud) row["agreement_with_cloud"] = n ? static_cast<double>(agree) / n : 0.0;
   const auto mine = correctness(task, by_run, spec.name);
   if (have_local && spec.name != "local") {

@@ -17,10 +17,12 @@
 #include <filesystem>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "common/testdata.h"
+#include "net/delay_proxy.h"
 #include "net/http_client.h"
 #include "router/router_file.h"
 #include "router/train.h"
@@ -922,6 +924,216 @@ TEST(OneRouterLoader, DeviceAndReplayTakeTheSameDecisions) {
   EXPECT_GT(routed, 0);
   EXPECT_LT(routed, static_cast<int>(decided.size()));
   std::filesystem::remove(file);
+}
+
+// ---- pipelined route mode: the same answer as blocking route mode ----
+
+// What a route-mode answer shows its user, token by token: every field of each EdgeToken (the
+// id, who chose it, the router's score and the threshold it was compared with, the small
+// model's guess, the fallback mark) and how the answer stopped.
+struct RouteTrace {
+  std::vector<TokenId> ids;
+  std::vector<TokenSource> sources;
+  std::vector<float> scores;
+  std::vector<TokenId> edge_top1;
+  std::vector<bool> fallbacks;
+  std::vector<double> thresholds;
+  std::vector<StopReason> stops;
+  EdgeStats stats;  // summed over the answers
+
+  bool operator==(const RouteTrace& o) const {
+    const auto same_thresholds = [&] {
+      if (thresholds.size() != o.thresholds.size()) return false;
+      for (size_t i = 0; i < thresholds.size(); ++i) {
+        const bool both_nan = std::isnan(thresholds[i]) && std::isnan(o.thresholds[i]);
+        if (!both_nan && thresholds[i] != o.thresholds[i]) return false;
+      }
+      return true;
+    };
+    return ids == o.ids && sources == o.sources && scores == o.scores && edge_top1 == o.edge_top1 &&
+           fallbacks == o.fallbacks && same_thresholds() && stops == o.stops;
+  }
+};
+
+// Prompts for the equivalence runs: varied enough that the router's scores and the two
+// models' agreement vary between them.
+std::vector<std::vector<TokenId>> pipeline_prompts(const Model& model, size_t n) {
+  static const char* const kTexts[] = {
+      "The quick brown fox", "Once upon a time",     "In the beginning",
+      "The history of Rome", "A cat sat on the mat", "Numbers: one two three",
+      "It was a dark and",   "Dear diary, today I",  "The results show that",
+      "def main():",         "Question: why is the", "Water boils at"};
+  std::vector<std::vector<TokenId>> out;
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(model.tokenizer().encode(kTexts[i % std::size(kTexts)], true, false));
+  }
+  return out;
+}
+
+// Runs one decoder over `prompts` in order (the router's and the sampler's state carry over
+// from answer to answer, as in a chat or an eval); every third answer is stopped by its
+// callback after 7 tokens, as eval stops a complete answer.
+RouteTrace route_trace(const Model& edge, const EdgeOptions& o, const std::string& url,
+                       const std::vector<std::vector<TokenId>>& prompts, int n) {
+  CloudOptions c;
+  c.url = url;
+  c.timeout_s = o.cloud_timeout_s;
+  EdgeDecoder dec(edge, o, make_cloud_backend(c, edge));
+  dec.start();
+  RouteTrace t;
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    int seen = 0;
+    const EdgeResult r = dec.generate(prompts[k], n, [&](const EdgeToken& e, std::string_view) {
+      if (e.id < 0) return true;  // the stream's tail
+      t.ids.push_back(e.id);
+      t.sources.push_back(e.source);
+      t.scores.push_back(e.score);
+      t.edge_top1.push_back(e.edge_top1);
+      t.fallbacks.push_back(e.fallback);
+      t.thresholds.push_back(e.threshold);
+      return !(k % 3 == 2 && ++seen == 7);
+    });
+    t.stops.push_back(r.stop);
+    t.stats.route_events += r.stats.route_events;
+    t.stats.cloud_tokens += r.stats.cloud_tokens;
+    t.stats.fallbacks += r.stats.fallbacks;
+    t.stats.route_confirmed += r.stats.route_confirmed;
+    t.stats.route_changed += r.stats.route_changed;
+    t.stats.wasted_tokens += r.stats.wasted_tokens;
+  }
+  return t;
+}
+
+// The median score of `policy` over the small model's greedy continuation of `prompt`: a
+// threshold that routes about half the positions (the defaults suit real models, not the
+// synthetic ones).
+double median_score(const Model& edge, const std::string& policy,
+                    const std::vector<TokenId>& prompt) {
+  std::vector<TokenId> stream = prompt;
+  const auto more = greedy(edge, prompt, 32);
+  stream.insert(stream.end(), more.begin(), more.end());
+  Context ctx(edge, {.n_ctx = 512, .n_seq = 1, .n_threads = 1});
+  std::vector<BatchToken> batch;
+  for (size_t i = 0; i < stream.size(); ++i) {
+    batch.push_back({stream[i], static_cast<int32_t>(i), 0, true});
+  }
+  ctx.decode(batch);
+  const Router router(parse_router_policy(policy));
+  std::vector<float> scores;
+  for (size_t i = prompt.size() - 1; i < stream.size(); ++i) {
+    scores.push_back(router.score(
+        router_signal_from_logits(ctx.logits(static_cast<int>(i)), static_cast<int>(i + 1), 8)));
+  }
+  std::nth_element(scores.begin(), scores.begin() + scores.size() / 2, scores.end());
+  return scores[scores.size() / 2];
+}
+
+// The route-mode settings the equivalence runs cover: each heuristic with a threshold and with
+// a target rate, a trained router at a target rate, random routing, a route span of 3, and
+// sampling with a fixed seed (the cloud gets the seed too).
+std::vector<std::pair<std::string, EdgeOptions>> pipeline_settings(const Model& edge,
+                                                                   const std::string& router) {
+  const auto prompt = edge.tokenizer().encode("The quick brown fox", true, false);
+  std::vector<std::pair<std::string, EdgeOptions>> out;
+  for (const char* policy : {"confidence", "entropy", "margin"}) {
+    EdgeOptions o = edge_options(EdgeMode::Route, policy);
+    o.router.threshold = median_score(edge, policy, prompt);
+    out.emplace_back(std::string(policy) + " threshold", o);
+    o.router.target_rate = 0.3;
+    out.emplace_back(std::string(policy) + " rate 0.3", o);
+  }
+  EdgeOptions trained = edge_options(EdgeMode::Route, "confidence");
+  trained.router.target_rate = 0.3;
+  load_trained_router(router, edge, edge_model_path(), std::nullopt, trained);
+  out.emplace_back("trained router rate 0.3", trained);
+  out.emplace_back("random 0.4", edge_options(EdgeMode::Route, "random:0.4:3"));
+  EdgeOptions span = edge_options(EdgeMode::Route, "confidence");
+  span.router.target_rate = 0.3;
+  span.route_span = 3;
+  out.emplace_back("confidence rate 0.3 span 3", span);
+  EdgeOptions sampled = edge_options(EdgeMode::Route, "entropy");
+  sampled.router.target_rate = 0.3;
+  sampled.sampling.temp = 0.8f;
+  sampled.sampling.seed = 77;
+  out.emplace_back("entropy rate 0.3 sampled", sampled);
+  return out;
+}
+
+// Pipelined and blocking route mode give the same tokens, sources, scores, thresholds and
+// stops, setting by setting, over a delay proxy adding 0, 20 and 100 ms per round trip (fewer
+// prompts and tokens at the longer round trips, to keep the test short).
+TEST_F(EdgeCloudTest, PipelinedRouteEqualsBlockingRoute) {
+  const std::string router = (std::filesystem::temp_directory_path() /
+                              ("tandem-pipe-router-" + std::to_string(getpid()) + ".gguf"))
+                                 .string();
+  write_test_router(*edge_model_, router);
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  const auto settings = pipeline_settings(*edge_model_, router);
+  EdgeStats pipelined;  // summed over every pipelined run
+  for (const auto& [rtt, n_prompts, n] :
+       {std::tuple{0.0, 6, 16}, std::tuple{20.0, 3, 16}, std::tuple{100.0, 2, 10}}) {
+    const uint16_t port = static_cast<uint16_t>(std::stoi(serve.url().substr(17)));
+    net::DelayProxy proxy("127.0.0.1", port, rtt);
+    const std::string url = "http://127.0.0.1:" + std::to_string(proxy.port());
+    const auto prompts = pipeline_prompts(*edge_model_, n_prompts);
+    for (const auto& [name, options] : settings) {
+      EdgeOptions o = options;
+      o.pipeline = false;
+      const RouteTrace blocking = route_trace(*edge_model_, o, url, prompts, n);
+      o.pipeline = true;
+      const RouteTrace piped = route_trace(*edge_model_, o, url, prompts, n);
+      EXPECT_TRUE(piped == blocking) << name << " at " << rtt << " ms";
+      EXPECT_EQ(piped.stats.route_events, blocking.stats.route_events) << name;
+      EXPECT_EQ(piped.stats.cloud_tokens, blocking.stats.cloud_tokens) << name;
+      EXPECT_EQ(blocking.stats.fallbacks, 0) << name;
+      EXPECT_EQ(piped.stats.fallbacks, 0) << name;
+      EXPECT_EQ(piped.stats.route_confirmed + piped.stats.route_changed, piped.stats.route_events);
+      EXPECT_EQ(blocking.stats.wasted_tokens, 0);
+      EXPECT_GT(blocking.stats.route_events, 0) << name << ": nothing was routed";
+      EXPECT_GT(std::count(blocking.sources.begin(), blocking.sources.end(), TokenSource::Local), 0)
+          << name << ": everything was routed";
+      pipelined.route_confirmed += piped.stats.route_confirmed;
+      pipelined.route_changed += piped.stats.route_changed;
+      pipelined.wasted_tokens += piped.stats.wasted_tokens;
+    }
+  }
+  // Both of the pipeline's ways were taken: answers that confirmed the held tokens and answers
+  // that rewound past decoded ones.
+  EXPECT_GT(pipelined.route_confirmed, 0);
+  EXPECT_GT(pipelined.route_changed, 0);
+  EXPECT_GT(pipelined.wasted_tokens, 0);
+  std::filesystem::remove(router);
+}
+
+// A cloud killed while answers are out: the pipelined decoder still completes every answer
+// (the unanswered position falls back to the device's token, as in blocking mode), and what it
+// published before the kill is the cloud's.
+TEST_F(EdgeCloudTest, PipelinedRouteSurvivesACloudKilledMidAnswer) {
+  for (double rtt : {0.0, 20.0}) {
+    ServeProcess serve(cloud_model_path());
+    serve.start();
+    const uint16_t port = static_cast<uint16_t>(std::stoi(serve.url().substr(17)));
+    net::DelayProxy proxy("127.0.0.1", port, rtt);
+    EdgeOptions o = edge_options(EdgeMode::Route, "always");
+    o.pipeline = true;
+    EdgeDecoder edge(*edge_model_, o, backend("http://127.0.0.1:" + std::to_string(proxy.port())));
+    edge.start();
+    int seen = 0;
+    const EdgeResult r = edge.generate(prompt_, kN, [&](const EdgeToken&, std::string_view) {
+      if (++seen == 8) serve.kill_now();
+      return true;
+    });
+    EXPECT_EQ(r.stats.tokens, kN) << rtt << " ms";
+    EXPECT_EQ(r.stop, StopReason::Length);
+    EXPECT_GT(r.stats.fallbacks, 0);
+    EXPECT_TRUE(std::equal(r.ids.begin(), r.ids.begin() + 8, cloud_greedy_.begin()));
+    // After the kill every position is the device's own (fallbacks), greedy from there.
+    std::vector<TokenId> history = prompt_;
+    history.insert(history.end(), r.ids.begin(), r.ids.begin() + 8);
+    const auto rest = greedy(*edge_model_, history, kN - 8);
+    EXPECT_TRUE(std::equal(rest.begin(), rest.end(), r.ids.begin() + 8)) << rtt << " ms";
+  }
 }
 
 TEST_F(EdgeCloudTest, RealModelCloudIsRefusedByASyntheticEdge) {

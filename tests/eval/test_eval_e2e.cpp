@@ -195,13 +195,14 @@ TEST(EvalEndToEnd, TakesRunsDeviceFlagsAndAppliesThem) {
   ServerProcess server(cloud);
   const fs::path out = fs::temp_directory_path() / ("tandem-flags-" + std::to_string(getpid()));
   const std::string url = "http://127.0.0.1:" + std::to_string(server.port());
-  auto route_run = [&](const std::string& span) {
+  auto route_run = [&](const std::string& span, const std::string& pipeline = "--pipeline") {
     fs::remove_all(out);
     const Ran r = run_tandem(
         {"eval",    "-m",           edge,      "--cloud",    url,          "--task", "lambada",
          "--data",  data,           "--out",   out.string(), "--no-plots", "-t",     "1",
          "--items", "2576-2600",    "--modes", "route",      "--rates",    "0.5",    "--route-span",
-         span,      "--sync-every", "2",       "--seed",     "7",          "-ctv",   "f16"},
+         span,      "--sync-every", "2",       "--seed",     "7",          "-ctv",   "f16",
+         pipeline},
         fs::temp_directory_path());
     EXPECT_EQ(r.rc, 0) << r.err;
     return json::parse(std::ifstream(out / "results.json"));
@@ -227,6 +228,20 @@ TEST(EvalEndToEnd, TakesRunsDeviceFlagsAndAppliesThem) {
   EXPECT_EQ(settings["cache_type_k"], "f32");
   EXPECT_EQ(settings["cache_type_v"], "f16");
   EXPECT_EQ(settings["target_gain"], 0.2) << "run's default";
+  EXPECT_EQ(settings["pipeline"], true);
+  // Blocking route mode: the same decisions and tokens; its rows say how long it waited.
+  const json blocking = route_run("1", "--no-pipeline");
+  const json& row0 = blocking["runs"][0];
+  EXPECT_EQ(blocking["settings"]["pipeline"], false);
+  EXPECT_EQ(row0["route_events"], row1["route_events"]);
+  EXPECT_EQ(row0["generated_tokens"], row1["generated_tokens"]);
+  EXPECT_EQ(generated_cloud(row0), generated_cloud(row1));
+  EXPECT_EQ(row0["wasted_tokens"], 0);
+  for (const json* row : {&row0, &row1}) {
+    EXPECT_EQ((*row)["route_confirmed"].get<int>() + (*row)["route_changed"].get<int>(),
+              (*row)["route_events"].get<int>());
+    EXPECT_GE((*row)["wait_ms_per_answer"].get<double>(), 0.0);
+  }
   fs::remove_all(out);
 }
 
