@@ -22,11 +22,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/testdata.h"
-#include "net/delay_proxy.h"
 #include "net/http_client.h"
 #include "router/router_file.h"
 #include "router/train.h"
 #include "tandem/client.h"
+#include "tandem/delay_proxy.h"
 #include "tandem/router_mlp.h"
 #include "tokenizer/tokenizer.h"
 
