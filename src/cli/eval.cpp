@@ -410,6 +410,9 @@ class EvalCommand : public Command {
     for (size_t i = 0; i < k; ++i) r.cloud_tokens += token_starts[i].second;
   }
 
+  // Runs one configuration over the task's items that its log (items-NAME.jsonl) does not hold
+  // yet, appending each item's line as it is answered (an interrupted run resumes from the log).
+  // Returns every item's record, old and new.
   std::map<std::string, ItemRecord> run_one(const RunSpec& spec, const Task& task,
                                             const Model& model, json& results) {
     const fs::path log = fs::path(out_) / ("items-" + spec.name + ".jsonl");
@@ -420,6 +423,56 @@ class EvalCommand : public Command {
       std::fprintf(stderr, "[%s] %zu items already done\n", spec.name.c_str(), done.size());
       return done;
     }
+    const std::unique_ptr<EdgeDecoder> edge = start_decoder(spec, model, results);
+    std::ofstream out(log, std::ios::app);
+    const bool tty = stderr_is_tty();
+    const auto t0 = std::chrono::steady_clock::now();
+    Tally tally;
+    for (const auto& [id, r] : done) tally.add(r);
+    for (const Item& item : task.items) {
+      if (done.count(item.id)) continue;
+      const Generation g = generate_item(*edge, spec, task, model, item);
+      const std::string output = cut_answer(task.kind, g.res.text);
+      const auto answer = extract_answer(task, item, output);
+      const ItemRecord r = item_record(task, item, g, output, answer);
+      out << log_line(spec, item, r, output, answer, g.error)
+                 .dump(-1, ' ', false, json::error_handler_t::replace)
+          << "\n";
+      out.flush();
+      done[r.id] = r;
+      ++tally.n_done;
+      tally.add(r);
+      progress(spec.name, done.size(), task.items.size(), tally.n_done, todo, tally.correct,
+               tally.tokens, tally.cloud,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), tty);
+    }
+    std::fprintf(stderr, "\n");
+    return done;
+  }
+
+  // The progress line's totals: items answered in this call (n_done), and over every item
+  // done, old and new, the correct ones and the answer tokens, all and the cloud's.
+  struct Tally {
+    size_t n_done = 0, correct = 0, tokens = 0, cloud = 0;
+    void add(const ItemRecord& r) {
+      correct += r.correct;
+      tokens += r.tokens;
+      cloud += r.cloud_tokens;
+    }
+  };
+
+  // One item's generation: its result, per token where its text starts in the output and
+  // whether the cloud chose it, and the error that ended it ("" if none).
+  struct Generation {
+    EdgeResult res;
+    std::vector<std::pair<size_t, bool>> token_starts;
+    std::string error;
+  };
+
+  // The run's decoder: its mode, policy and target over base_, its cloud connected (the cloud's
+  // model line printed and kept in results.json) unless the run is local.
+  std::unique_ptr<EdgeDecoder> start_decoder(const RunSpec& spec, const Model& model,
+                                             json& results) const {
     EdgeOptions opts = base_;
     opts.mode = spec.mode;
     opts.router = parse_router_policy(spec.policy.empty() ? "confidence" : spec.policy);
@@ -429,94 +482,91 @@ class EvalCommand : public Command {
       load_trained_router(spec.router_path, model, edge_.model, std::nullopt, opts);
     std::unique_ptr<CloudBackend> backend;
     if (spec.mode != EdgeMode::Local) backend = make_cloud_backend(cloud_.options, model);
-    EdgeDecoder edge(model, opts, std::move(backend));
-    const std::string cloud_line = edge.start();
+    auto edge = std::make_unique<EdgeDecoder>(model, opts, std::move(backend));
+    const std::string cloud_line = edge->start();
     if (spec.mode != EdgeMode::Local) {
       std::fprintf(stderr, "[%s] %s\n", spec.name.c_str(), cloud_line.c_str());
       results["cloud"]["model"] = cloud_line;
     }
-    std::ofstream out(log, std::ios::app);
-    const bool tty = stderr_is_tty();
-    const auto t0 = std::chrono::steady_clock::now();
-    size_t n_done = 0, correct = 0, tokens = 0, cloud = 0;
-    for (const auto& [id, r] : done) {
-      correct += r.correct;
-      tokens += r.tokens;
-      cloud += r.cloud_tokens;
-    }
-    for (const Item& item : task.items) {
-      if (done.count(item.id)) continue;
-      const auto ids = model.tokenize(item_prompt(task, item), true, false);
-      std::string text, error;
-      // Per token: where its text starts in the output, and whether the cloud chose it.
-      std::vector<std::pair<size_t, bool>> token_starts;
-      EdgeResult res;
-      try {
-        res = edge.generate(
-            ids, task.max_answer_tokens, [&](const EdgeToken& t, std::string_view piece) {
-              token_starts.emplace_back(text.size(), t.source == TokenSource::Cloud);
-              text += piece;
-              return !answer_complete(task.kind, text);
-            });
-      } catch (const Error& e) {  // e.g. a prompt longer than the context: logged, scored wrong
-        error = e.what();
-        if (errors_++ < 3) {
-          std::fprintf(stderr, "\n[%s] %s: %s\n", spec.name.c_str(), item.id.c_str(), e.what());
-        }
+    return edge;
+  }
+
+  // Generates one item's answer, stopping where the answer is complete. An error (e.g. a prompt
+  // longer than the context) ends the item, which is then logged and scored wrong; the first
+  // three are printed.
+  Generation generate_item(EdgeDecoder& edge, const RunSpec& spec, const Task& task,
+                           const Model& model, const Item& item) {
+    const auto ids = model.tokenize(item_prompt(task, item), true, false);
+    Generation g;
+    std::string text;
+    try {
+      g.res = edge.generate(
+          ids, task.max_answer_tokens, [&](const EdgeToken& t, std::string_view piece) {
+            g.token_starts.emplace_back(text.size(), t.source == TokenSource::Cloud);
+            text += piece;
+            return !answer_complete(task.kind, text);
+          });
+    } catch (const Error& e) {
+      g.error = e.what();
+      if (errors_++ < 3) {
+        std::fprintf(stderr, "\n[%s] %s: %s\n", spec.name.c_str(), item.id.c_str(), e.what());
       }
-      const std::string output = cut_answer(task.kind, res.text);
-      const auto answer = extract_answer(task, item, output);
-      ItemRecord r;
-      r.id = item.id;
-      r.answer = answer.value_or("");
-      r.correct = answer && *answer == item.gold;
-      r.generated = res.stats.tokens;
-      r.generated_cloud = res.stats.cloud_tokens;
-      r.tokens = r.generated;
-      r.cloud_tokens = r.generated_cloud;
-      if (task.kind == TaskKind::Word) count_answer_tokens(token_starts, output.size(), r);
-      r.route_events = res.stats.route_events;
-      r.fallbacks = res.stats.fallbacks;
-      r.bytes_up = res.stats.bytes_up;
-      r.bytes_down = res.stats.bytes_down;
-      r.ms = res.stats.total_ms;
-      r.wait_ms = res.stats.wait_ms;
-      r.route_confirmed = res.stats.route_confirmed;
-      r.route_changed = res.stats.route_changed;
-      r.wasted_tokens = res.stats.wasted_tokens;
-      json line = {{"id", r.id},
-                   {"run", spec.name},
-                   {"question", item.question},
-                   {"output", output},
-                   {"answer", answer ? json(*answer) : json(nullptr)},
-                   {"gold", item.gold},
-                   {"correct", r.correct},
-                   {"tokens", r.tokens},
-                   {"cloud_tokens", r.cloud_tokens},
-                   {"generated", r.generated},
-                   {"generated_cloud", r.generated_cloud},
-                   {"route_events", r.route_events},
-                   {"fallbacks", r.fallbacks},
-                   {"bytes_up", r.bytes_up},
-                   {"bytes_down", r.bytes_down},
-                   {"ms", r.ms},
-                   {"wait_ms", r.wait_ms},
-                   {"route_confirmed", r.route_confirmed},
-                   {"route_changed", r.route_changed},
-                   {"wasted_tokens", r.wasted_tokens}};
-      if (!error.empty()) line["error"] = error;
-      out << line.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-      out.flush();
-      done[r.id] = r;
-      ++n_done;
-      correct += r.correct;
-      tokens += r.tokens;
-      cloud += r.cloud_tokens;
-      progress(spec.name, done.size(), task.items.size(), n_done, todo, correct, tokens, cloud,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), tty);
     }
-    std::fprintf(stderr, "\n");
-    return done;
+    return g;
+  }
+
+  // The item's record: its answer scored against the gold and the generation's statistics (a
+  // word task counts only the answer word's tokens).
+  static ItemRecord item_record(const Task& task, const Item& item, const Generation& g,
+                                const std::string& output,
+                                const std::optional<std::string>& answer) {
+    ItemRecord r;
+    r.id = item.id;
+    r.answer = answer.value_or("");
+    r.correct = answer && *answer == item.gold;
+    r.generated = g.res.stats.tokens;
+    r.generated_cloud = g.res.stats.cloud_tokens;
+    r.tokens = r.generated;
+    r.cloud_tokens = r.generated_cloud;
+    if (task.kind == TaskKind::Word) count_answer_tokens(g.token_starts, output.size(), r);
+    r.route_events = g.res.stats.route_events;
+    r.fallbacks = g.res.stats.fallbacks;
+    r.bytes_up = g.res.stats.bytes_up;
+    r.bytes_down = g.res.stats.bytes_down;
+    r.ms = g.res.stats.total_ms;
+    r.wait_ms = g.res.stats.wait_ms;
+    r.route_confirmed = g.res.stats.route_confirmed;
+    r.route_changed = g.res.stats.route_changed;
+    r.wasted_tokens = g.res.stats.wasted_tokens;
+    return r;
+  }
+
+  // The item's line in items-NAME.jsonl (read back by read_log on a resumed run).
+  static json log_line(const RunSpec& spec, const Item& item, const ItemRecord& r,
+                       const std::string& output, const std::optional<std::string>& answer,
+                       const std::string& error) {
+    json line = {{"id", r.id},
+                 {"run", spec.name},
+                 {"question", item.question},
+                 {"output", output},
+                 {"answer", answer ? json(*answer) : json(nullptr)},
+                 {"gold", item.gold},
+                 {"correct", r.correct},
+                 {"tokens", r.tokens},
+                 {"cloud_tokens", r.cloud_tokens},
+                 {"generated", r.generated},
+                 {"generated_cloud", r.generated_cloud},
+                 {"route_events", r.route_events},
+                 {"fallbacks", r.fallbacks},
+                 {"bytes_up", r.bytes_up},
+                 {"bytes_down", r.bytes_down},
+                 {"ms", r.ms},
+                 {"wait_ms", r.wait_ms},
+                 {"route_confirmed", r.route_confirmed},
+                 {"route_changed", r.route_changed},
+                 {"wasted_tokens", r.wasted_tokens}};
+    if (!error.empty()) line["error"] = error;
+    return line;
   }
 
   static void progress(const std::string& name, size_t have, size_t total, size_t n_done,

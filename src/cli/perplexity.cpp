@@ -49,33 +49,17 @@ class PerplexityCommand : public Command {
   int run() override {
     if (model_.empty()) model_ = default_model_path();
     if (n_batch_ <= 0 || n_batch_ > n_ctx_) n_batch_ = n_ctx_;
-    std::ifstream in(file_, std::ios::binary);
-    if (!in) throw Error("cannot read text file '" + file_ + "'");
-    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    const std::string text = read_text();
 
     const auto t0 = std::chrono::steady_clock::now();
     auto model = Model::load(model_);
-    std::unique_ptr<Model> base;
-    if (!kl_base_.empty()) {
-      base = Model::load(kl_base_);
-      if (base->info().n_vocab != model->info().n_vocab) {
-        throw Error("--kl-base: '" + kl_base_ + "' has " + std::to_string(base->info().n_vocab) +
-                    " tokens, '" + model_ + "' has " + std::to_string(model->info().n_vocab));
-      }
-    }
+    const std::unique_ptr<Model> base = load_base(*model);
     const std::vector<TokenId> tokens = model->tokenize(text, true, false);
-    const int n_chunk = quant::n_chunks(static_cast<int64_t>(tokens.size()), n_ctx_, max_chunks_);
-    if (n_chunk == 0) {
-      throw Error("'" + file_ + "' has " + std::to_string(tokens.size()) +
-                  " tokens; need at least 2 * n_ctx = " + std::to_string(2 * n_ctx_) +
-                  " for a useful estimate and at least n_ctx for one chunk (try a smaller -c)");
-    }
-    const bool add_bos = model->adds_bos();
-    const int first = quant::first_scored(n_ctx_);
-    std::fprintf(stderr,
-                 "perplexity: %s: %zu tokens, %d chunks of %d (scoring %d per chunk), batch %d%s\n",
-                 model_.c_str(), tokens.size(), n_chunk, n_ctx_, n_ctx_ - 1 - first, n_batch_,
-                 base ? (", KL base " + kl_base_).c_str() : "");
+    const int n_chunk = count_chunks(tokens.size());
+    std::fprintf(
+        stderr, "perplexity: %s: %zu tokens, %d chunks of %d (scoring %d per chunk), batch %d%s\n",
+        model_.c_str(), tokens.size(), n_chunk, n_ctx_, n_ctx_ - 1 - quant::first_scored(n_ctx_),
+        n_batch_, base ? (", KL base " + kl_base_).c_str() : "");
 
     ContextParams cp;
     cp.n_ctx = n_ctx_;
@@ -86,86 +70,145 @@ class PerplexityCommand : public Command {
     std::unique_ptr<Context> bctx;
     if (base) bctx = std::make_unique<Context>(*base, cp);
 
-    quant::PplStats ppl, base_ppl;
-    quant::KlStats kl;
-    std::vector<double> running;
-    std::vector<BatchToken> batch;
+    const Tally tally = score_chunks(*model, tokens, n_chunk, ctx, bctx.get(), t0);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    print_summary(tally, bctx != nullptr, secs);
+    if (json_) print_json(tally, tokens.size(), n_chunk, bctx != nullptr, secs);
+    return 0;
+  }
+
+ private:
+  // What the scored positions add up to.
+  struct Tally {
+    quant::PplStats ppl, base_ppl;  // the model's, and the base's (--kl-base)
+    quant::KlStats kl;              // KL(base||model) and top-1 agreement (--kl-base)
+    std::vector<double> running;    // the model's PPL after each chunk
+  };
+
+  std::string read_text() const {
+    std::ifstream in(file_, std::ios::binary);
+    if (!in) throw Error("cannot read text file '" + file_ + "'");
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+
+  // The --kl-base model (null without it); it must score over the same vocabulary.
+  std::unique_ptr<Model> load_base(const Model& model) const {
+    if (kl_base_.empty()) return nullptr;
+    auto base = Model::load(kl_base_);
+    if (base->info().n_vocab != model.info().n_vocab) {
+      throw Error("--kl-base: '" + kl_base_ + "' has " + std::to_string(base->info().n_vocab) +
+                  " tokens, '" + model_ + "' has " + std::to_string(model.info().n_vocab));
+    }
+    return base;
+  }
+
+  // The chunks to evaluate (--chunks at most); a text too short for one is an error.
+  int count_chunks(size_t n_tokens) const {
+    const int n_chunk = quant::n_chunks(static_cast<int64_t>(n_tokens), n_ctx_, max_chunks_);
+    if (n_chunk == 0) {
+      throw Error("'" + file_ + "' has " + std::to_string(n_tokens) +
+                  " tokens; need at least 2 * n_ctx = " + std::to_string(2 * n_ctx_) +
+                  " for a useful estimate and at least n_ctx for one chunk (try a smaller -c)");
+    }
+    return n_chunk;
+  }
+
+  // Every chunk in turn, with progress on stderr ("[chunk]running-PPL," as llama-perplexity,
+  // and on a terminal an estimate of the time left after the first).
+  Tally score_chunks(const Model& model, const std::vector<TokenId>& tokens, int n_chunk,
+                     Context& ctx, Context* bctx, std::chrono::steady_clock::time_point t0) const {
+    Tally tally;
     const bool tty = stderr_is_tty();
     for (int c = 0; c < n_chunk; ++c) {
-      const size_t start = static_cast<size_t>(c) * n_ctx_;
-      ctx.clear(0);
-      if (bctx) bctx->clear(0);
-      for (int b0 = 0; b0 < n_ctx_; b0 += n_batch_) {
-        const int b1 = std::min(n_ctx_, b0 + n_batch_);
-        batch.clear();
-        for (int p = b0; p < b1; ++p) {
-          TokenId t = tokens[start + p];
-          if (p == 0 && add_bos) t = model->bos();
-          const bool want = p >= first && p <= n_ctx_ - 2;
-          batch.push_back({t, p, 0, want, false});
-        }
-        ctx.decode(batch);
-        if (bctx) bctx->decode(batch);
-        for (int p = std::max(b0, first); p < b1 && p <= n_ctx_ - 2; ++p) {
-          const auto l = ctx.logits(p - b0);
-          const TokenId next = tokens[start + p + 1];
-          ppl.add_logprob(quant::token_logprob(l, next));
-          if (bctx) {
-            const auto bl = bctx->logits(p - b0);
-            base_ppl.add_logprob(quant::token_logprob(bl, next));
-            kl.add(bl, l);
-          }
-        }
-      }
-      running.push_back(ppl.ppl());
+      score_chunk(model, tokens, static_cast<size_t>(c) * n_ctx_, ctx, bctx, tally);
+      tally.running.push_back(tally.ppl.ppl());
       if (tty && c == 0) {
         const double s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::fprintf(stderr, "first chunk took %.2f s, about %.1f s for all\n", s, s * n_chunk);
       }
-      std::fprintf(stderr, "[%d]%.4f,", c + 1, ppl.ppl());
+      std::fprintf(stderr, "[%d]%.4f,", c + 1, tally.ppl.ppl());
       std::fflush(stderr);
     }
     std::fprintf(stderr, "\n");
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "Final estimate: PPL = %.4f +/- %.5f\n", ppl.ppl(), ppl.ppl_error());
-    if (bctx) {
-      std::fprintf(stderr, "Base PPL = %.4f +/- %.5f\n", base_ppl.ppl(), base_ppl.ppl_error());
-      std::fprintf(stderr, "Mean ln(PPL(model)/PPL(base)) = %.6f\n",
-                   ppl.mean_nll() - base_ppl.mean_nll());
-      std::fprintf(stderr, "Mean KLD = %.6f +/- %.6f\n", kl.mean_kl(), kl.kl_error());
-      std::fprintf(stderr, "Same top-1 = %.3f +/- %.3f %%\n", 100 * kl.top1(),
-                   100 * kl.top1_error());
-    }
-    std::fprintf(stderr, "%lld tokens scored in %.2f s\n", static_cast<long long>(ppl.count), secs);
-    if (json_) {
-      nlohmann::json j;
-      j["model"] = model_;
-      j["file"] = file_;
-      j["n_ctx"] = n_ctx_;
-      j["n_tokens"] = tokens.size();
-      j["n_chunks"] = n_chunk;
-      j["n_scored"] = ppl.count;
-      j["ppl"] = ppl.ppl();
-      j["ppl_se"] = ppl.ppl_error();
-      j["running_ppl"] = running;
-      j["seconds"] = secs;
-      if (bctx) {
-        j["kl_base"] = kl_base_;
-        j["base_ppl"] = base_ppl.ppl();
-        j["base_ppl_se"] = base_ppl.ppl_error();
-        j["kl"] = kl.mean_kl();
-        j["kl_se"] = kl.kl_error();
-        j["top1"] = kl.top1();
-        j["top1_se"] = kl.top1_error();
-      }
-      std::printf("%s\n", j.dump().c_str());
-    }
-    return 0;
+    return tally;
   }
 
- private:
+  // One chunk, tokens[start, start + n_ctx), from empty caches in passes of n_batch_ tokens
+  // (its first token BOS where the vocabulary adds one). Rows first .. n_ctx - 2 are scored:
+  // row p's logits predict token p + 1.
+  void score_chunk(const Model& model, const std::vector<TokenId>& tokens, size_t start,
+                   Context& ctx, Context* bctx, Tally& tally) const {
+    const int first = quant::first_scored(n_ctx_);
+    const bool add_bos = model.adds_bos();
+    ctx.clear(0);
+    if (bctx) bctx->clear(0);
+    std::vector<BatchToken> batch;
+    for (int b0 = 0; b0 < n_ctx_; b0 += n_batch_) {
+      const int b1 = std::min(n_ctx_, b0 + n_batch_);
+      batch.clear();
+      for (int p = b0; p < b1; ++p) {
+        TokenId t = tokens[start + p];
+        if (p == 0 && add_bos) t = model.bos();
+        const bool want = p >= first && p <= n_ctx_ - 2;
+        batch.push_back({t, p, 0, want, false});
+      }
+      ctx.decode(batch);
+      if (bctx) bctx->decode(batch);
+      for (int p = std::max(b0, first); p < b1 && p <= n_ctx_ - 2; ++p) {
+        const auto l = ctx.logits(p - b0);
+        const TokenId next = tokens[start + p + 1];
+        tally.ppl.add_logprob(quant::token_logprob(l, next));
+        if (bctx) {
+          const auto bl = bctx->logits(p - b0);
+          tally.base_ppl.add_logprob(quant::token_logprob(bl, next));
+          tally.kl.add(bl, l);
+        }
+      }
+    }
+  }
+
+  // The final estimate on stderr, in llama-perplexity's words.
+  static void print_summary(const Tally& t, bool has_base, double secs) {
+    std::fprintf(stderr, "Final estimate: PPL = %.4f +/- %.5f\n", t.ppl.ppl(), t.ppl.ppl_error());
+    if (has_base) {
+      std::fprintf(stderr, "Base PPL = %.4f +/- %.5f\n", t.base_ppl.ppl(), t.base_ppl.ppl_error());
+      std::fprintf(stderr, "Mean ln(PPL(model)/PPL(base)) = %.6f\n",
+                   t.ppl.mean_nll() - t.base_ppl.mean_nll());
+      std::fprintf(stderr, "Mean KLD = %.6f +/- %.6f\n", t.kl.mean_kl(), t.kl.kl_error());
+      std::fprintf(stderr, "Same top-1 = %.3f +/- %.3f %%\n", 100 * t.kl.top1(),
+                   100 * t.kl.top1_error());
+    }
+    std::fprintf(stderr, "%lld tokens scored in %.2f s\n", static_cast<long long>(t.ppl.count),
+                 secs);
+  }
+
+  // --json: the same figures as one line on stdout.
+  void print_json(const Tally& t, size_t n_tokens, int n_chunk, bool has_base, double secs) const {
+    nlohmann::json j;
+    j["model"] = model_;
+    j["file"] = file_;
+    j["n_ctx"] = n_ctx_;
+    j["n_tokens"] = n_tokens;
+    j["n_chunks"] = n_chunk;
+    j["n_scored"] = t.ppl.count;
+    j["ppl"] = t.ppl.ppl();
+    j["ppl_se"] = t.ppl.ppl_error();
+    j["running_ppl"] = t.running;
+    j["seconds"] = secs;
+    if (has_base) {
+      j["kl_base"] = kl_base_;
+      j["base_ppl"] = t.base_ppl.ppl();
+      j["base_ppl_se"] = t.base_ppl.ppl_error();
+      j["kl"] = t.kl.mean_kl();
+      j["kl_se"] = t.kl.kl_error();
+      j["top1"] = t.kl.top1();
+      j["top1_se"] = t.kl.top1_error();
+    }
+    std::printf("%s\n", j.dump().c_str());
+  }
+
   std::string model_, file_, kl_base_;
   int n_ctx_ = 512, n_batch_ = 0, threads_ = 0, max_chunks_ = 0;
   KvCacheType type_k_ = KvCacheType::F32, type_v_ = KvCacheType::F32;

@@ -14,12 +14,36 @@ class ServeCommand : public Command {
             "The cloud server: native sessions (docs/protocol.md), /v1/completions, "
             "/v1/chat/completions, /v1/models, /completion, /generate, /tokenize, /detokenize, "
             "/health, /metrics")) {
+    // --help lists the flags in the order they are added; the groups keep that order.
+    add_model_flags();
+    add_client_flags();
+    add_tls_flags();
+    add_capacity_flags();
+    add_connection_flags();
+    add_output_flags();
+    add_engine_flags();
+    add_request_cost_flags();
+  }
+
+  int run() override {
+    if (o_.model.empty()) o_.model = default_model_path();
+    o_.repack = !no_repack_;
+    return server::serve(o_);
+  }
+
+ private:
+  // The model, and the address to listen on.
+  void add_model_flags() {
     sub_->add_option("-m,--model", o_.model, "GGUF model file")->default_str(default_model_path());
     sub_->add_option("--host", o_.http.host, "Address to bind (default: loopback only)")
         ->capture_default_str();
     sub_->add_option("--port", o_.http.port, "Port (0: any free port, printed on stderr)")
         ->check(CLI::Range(0, 65535))
         ->capture_default_str();
+  }
+
+  // Clients: their keys (one client per key), admin, and their quotas.
+  void add_client_flags() {
     sub_->add_option("--api-key", o_.api_key,
                      "Require 'Authorization: Bearer KEY' (one client, named 'default')");
     sub_->add_option("--api-key-file", o_.api_key_file,
@@ -42,8 +66,16 @@ class ServeCommand : public Command {
                      "Seconds another client's idle session is safe from eviction")
         ->check(CLI::Range(0.0, 1e7))
         ->capture_default_str();
+  }
+
+  // HTTPS instead of HTTP: both or neither (server::serve checks).
+  void add_tls_flags() {
     sub_->add_option("--ssl-cert", o_.ssl_cert, "TLS certificate chain (PEM)");
     sub_->add_option("--ssl-key", o_.ssl_key, "TLS private key (PEM)");
+  }
+
+  // What the engine holds at once: context, sessions, stateless slots, KV cache, batch, queue.
+  void add_capacity_flags() {
     sub_->add_option("-c,--ctx-size", o_.scheduler.n_ctx,
                      "Context per session (0: model default, at most 4096)")
         ->check(CLI::Range(0, 1 << 20))
@@ -69,6 +101,10 @@ class ServeCommand : public Command {
     sub_->add_option("--max-queue", o_.scheduler.max_queue, "Jobs waiting or running before 429")
         ->check(CLI::Range(1, 1 << 20))
         ->capture_default_str();
+  }
+
+  // Connections: how many, how large, how slow, and the drain on SIGTERM.
+  void add_connection_flags() {
     sub_->add_option("--max-body", o_.http.max_body_bytes, "Request body bytes at most")
         ->check(CLI::Range(1024, 1 << 30))
         ->capture_default_str();
@@ -102,12 +138,21 @@ class ServeCommand : public Command {
                      "Seconds SIGTERM lets running work finish; what is left is answered 503")
         ->check(CLI::Range(0.0, 86400.0))
         ->capture_default_str();
+  }
+
+  // What one request may generate: tokens, and open streams.
+  void add_output_flags() {
     sub_->add_option("--max-generate", o_.api.max_generate, "Tokens one request may generate")
         ->check(CLI::Range(1, 1 << 20))
         ->capture_default_str();
     sub_->add_option("--max-sse", o_.api.max_sse_clients, "Open streams at most")
         ->check(CLI::Range(1, 1 << 20))
         ->capture_default_str();
+  }
+
+  // The engine and its naming: threads, cache types, packed weights, session ids, the model's
+  // name, prefill chunking.
+  void add_engine_flags() {
     sub_->add_option("-t,--threads", o_.scheduler.n_threads, "Engine threads (default: all cores)")
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     add_kv_cache_flags(sub_, o_.scheduler.type_k, o_.scheduler.type_v);
@@ -128,6 +173,10 @@ class ServeCommand : public Command {
                      "not by a whole --batch-size")
         ->check(CLI::Range(8, 1 << 20))
         ->capture_default_str();
+  }
+
+  // The text and time one request may cost, and the threads that tokenize it.
+  void add_request_cost_flags() {
     sub_->add_option("--max-text-bytes", o_.api.max_text_bytes,
                      "Bytes of text one request may ask to tokenize (prompt, messages, /tokenize)")
         ->check(CLI::Range(size_t{1}, size_t{1} << 30))
@@ -142,13 +191,6 @@ class ServeCommand : public Command {
         ->capture_default_str();
   }
 
-  int run() override {
-    if (o_.model.empty()) o_.model = default_model_path();
-    o_.repack = !no_repack_;
-    return server::serve(o_);
-  }
-
- private:
   server::ServeOptions o_;
   bool no_repack_ = false;
 };

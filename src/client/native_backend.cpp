@@ -91,77 +91,23 @@ class NativeBackend : public CloudBackend {
   }
 
  private:
+  // One step: the session brought to a prefix of `history`, then up to four tries (a 409 or
+  // 410 answer resends from the server's position or replays into a new session).
   CloudStepResult step_unguarded(std::span<const TokenId> history, const CloudOp& op) {
     if (history.empty()) throw Error("cloud step: the history is empty");
-    if (session_.empty()) {
-      open_session();
-      if (opened_before_ && !fresh_conversation_) count_replay(history.size());
-      fresh_conversation_ = false;
-    } else if (!extends(history, mirror_)) {
-      // The edge's history left what the cloud holds (another prompt, a chat turn
-      // re-tokenized): cut the session back to the shared prefix where the server can
-      // ("rewind"), else replay into a new session.
-      if (can_rewind_) {
-        const size_t common = static_cast<size_t>(
-            std::mismatch(mirror_.begin(), mirror_.end(), history.begin(), history.end()).first -
-            mirror_.begin());
-        mirror_.resize(common);
-        rewind_pending_ = true;
-        ++counters_.rewinds;
-      } else {
-        close();
-        open_session();
-        count_replay(history.size());
-      }
-    }
+    align_session(history);
     for (int attempt = 0; attempt < 4; ++attempt) {
       const size_t from = mirror_.size();
-      json body;
-      body["expected_pos"] = from;
-      if (rewind_pending_) body["rewind_to"] = from;
-      body["append"] = std::vector<TokenId>(history.begin() + from, history.end());
-      if (op.kind == CloudOpKind::Generate) {
-        json g;
-        g["n"] = op.n_generate;
-        g["temperature"] = std::max(0.0f, op.sampling.temp);
-        g["top_k"] = std::max(0, op.sampling.top_k);
-        g["top_p"] = op.sampling.top_p;
-        g["min_p"] = std::max(0.0f, op.sampling.min_p);
-        if (op.send_seed) g["seed"] = op.sampling.seed;
-        body["generate"] = g;
-      } else if (op.kind == CloudOpKind::Verify) {
-        body["verify"] = {{"draft", op.draft}};
-      }
       const std::string what = "cloud step at position " + std::to_string(from);
       net::HttpResponse r;
       try {
-        r = send("POST", kSessions + ("/" + session_ + "/step"), body.dump());
+        r = send("POST", kSessions + ("/" + session_ + "/step"), step_body(history, op).dump());
       } catch (const CloudError&) {
         // Unknown outcome: the server applied all of the step or none of it.
         mirror_.assign(history.begin(), history.end());
         throw;
       }
-      if (r.status == 200) {
-        rewind_pending_ = false;
-        CloudStepResult out;
-        try {
-          out = parse_step(r, what, op, history.size());
-        } catch (const CloudError&) {
-          mirror_.assign(history.begin(), history.end());
-          throw;
-        }
-        mirror_.assign(history.begin(), history.end());
-        mirror_.insert(mirror_.end(), out.tokens.begin(), out.tokens.end());
-        if (out.pos != static_cast<int>(mirror_.size())) {
-          const std::string msg = what + ": the server says pos " + std::to_string(out.pos) +
-                                  " after the step, the edge counts " +
-                                  std::to_string(mirror_.size());
-          drop_session();  // whatever it holds, it is not what we think: replay next time
-          throw CloudError(CloudError::Kind::Unavailable, msg);
-        }
-        ++counters_.steps;
-        return out;
-      }
+      if (r.status == 200) return accept_step(r, what, op, history);
       if (r.status == 409) {
         resend_or_replay(r, history, what);
         continue;
@@ -176,6 +122,79 @@ class NativeBackend : public CloudBackend {
     }
     throw CloudError(CloudError::Kind::Unavailable,
                      "cloud step: the server kept answering position mismatches");
+  }
+
+  // Before a step: a session whose history `history` extends. None yet: open one (a replay
+  // unless this is a new conversation). One that holds something else (another prompt, a chat
+  // turn re-tokenized): cut back to the shared prefix where the server can ("rewind", sent with
+  // the step), else replay into a new session.
+  void align_session(std::span<const TokenId> history) {
+    if (session_.empty()) {
+      open_session();
+      if (opened_before_ && !fresh_conversation_) count_replay(history.size());
+      fresh_conversation_ = false;
+      return;
+    }
+    if (extends(history, mirror_)) return;
+    if (can_rewind_) {
+      const size_t common = static_cast<size_t>(
+          std::mismatch(mirror_.begin(), mirror_.end(), history.begin(), history.end()).first -
+          mirror_.begin());
+      mirror_.resize(common);
+      rewind_pending_ = true;
+      ++counters_.rewinds;
+    } else {
+      close();
+      open_session();
+      count_replay(history.size());
+    }
+  }
+
+  // The step request (docs/protocol.md): {"expected_pos", "rewind_to"?, "append": [what the
+  // server lacks of history], and "generate": {...} or "verify": {"draft": [...]} by op}.
+  json step_body(std::span<const TokenId> history, const CloudOp& op) const {
+    const size_t from = mirror_.size();
+    json body;
+    body["expected_pos"] = from;
+    if (rewind_pending_) body["rewind_to"] = from;
+    body["append"] = std::vector<TokenId>(history.begin() + from, history.end());
+    if (op.kind == CloudOpKind::Generate) {
+      json g;
+      g["n"] = op.n_generate;
+      g["temperature"] = std::max(0.0f, op.sampling.temp);
+      g["top_k"] = std::max(0, op.sampling.top_k);
+      g["top_p"] = op.sampling.top_p;
+      g["min_p"] = std::max(0.0f, op.sampling.min_p);
+      if (op.send_seed) g["seed"] = op.sampling.seed;
+      body["generate"] = g;
+    } else if (op.kind == CloudOpKind::Verify) {
+      body["verify"] = {{"draft", op.draft}};
+    }
+    return body;
+  }
+
+  // A 200 answer: the mirror becomes the history plus the tokens the server added, which must
+  // match the position the server reports (else the session is dropped: replay next time).
+  CloudStepResult accept_step(const net::HttpResponse& r, const std::string& what,
+                              const CloudOp& op, std::span<const TokenId> history) {
+    rewind_pending_ = false;
+    CloudStepResult out;
+    try {
+      out = parse_step(r, what, op, history.size());
+    } catch (const CloudError&) {
+      mirror_.assign(history.begin(), history.end());
+      throw;
+    }
+    mirror_.assign(history.begin(), history.end());
+    mirror_.insert(mirror_.end(), out.tokens.begin(), out.tokens.end());
+    if (out.pos != static_cast<int>(mirror_.size())) {
+      const std::string msg = what + ": the server says pos " + std::to_string(out.pos) +
+                              " after the step, the edge counts " + std::to_string(mirror_.size());
+      drop_session();  // whatever it holds, it is not what we think: replay next time
+      throw CloudError(CloudError::Kind::Unavailable, msg);
+    }
+    ++counters_.steps;
+    return out;
   }
 
   // A 409: the session is busy (throws), or its position differs from what the edge sent. The

@@ -107,18 +107,35 @@ bool load(const ServeOptions& o, const ApiOptions& api_options, Metrics& metrics
   }
 }
 
-}  // namespace
-
-// Longer than most: one I/O context, its threads and the signal handler share the locals here,
-// in the order they must be built and torn down (metrics before the context, the API reset only
-// after the I/O threads have stopped).
-int serve(ServeOptions o) {
+// The API's options: --api-key and friends loaded (and described on stderr; the quotas per
+// client follow from how many there are), the model's name defaulting to its file's stem.
+ApiOptions api_options_for(ServeOptions& o) {
   ApiOptions api_options;
   static_cast<ApiSettings&>(api_options) = o.api;
   load_keys(o, api_options, o.scheduler);
   describe_keys(api_options, o.scheduler);
   if (api_options.model_name.empty())
     api_options.model_name = std::filesystem::path(o.model).stem().string();
+  return api_options;
+}
+
+// A request while the model loads: 503, as llama.cpp's /health does.
+void answer_loading(const HttpRequest& req, Responder& res, Metrics& metrics) {
+  const bool health = req.path == "/health";
+  metrics.count_request(health ? "/health" : "other", 503);
+  res.send(503, "application/json",
+           health ? "{\"status\":\"loading model\"}"
+                  : "{\"error\":{\"code\":\"unavailable\",\"message\":\"loading model\"}}",
+           {{"Retry-After", "1"}});
+}
+
+}  // namespace
+
+// Longer than most: one I/O context, its threads and the signal handler share the locals here,
+// in the order they must be built and torn down (metrics before the context, the API reset only
+// after the I/O threads have stopped).
+int serve(ServeOptions o) {
+  const ApiOptions api_options = api_options_for(o);
   if (o.ssl_cert.empty() != o.ssl_key.empty()) {
     throw Error("TLS needs both --ssl-cert and --ssl-key");
   }
@@ -135,13 +152,7 @@ int serve(ServeOptions o) {
       io, o.http,
       [&](const HttpRequest& req, std::shared_ptr<Responder> res) {
         if (Api* a = api.load()) return a->handle(req, std::move(res));
-        // Still loading: say so (503, as llama.cpp's /health does).
-        const bool health = req.path == "/health";
-        metrics.count_request(health ? "/health" : "other", 503);
-        res->send(503, "application/json",
-                  health ? "{\"status\":\"loading model\"}"
-                         : "{\"error\":{\"code\":\"unavailable\",\"message\":\"loading model\"}}",
-                  {{"Retry-After", "1"}});
+        answer_loading(req, *res, metrics);
       },
       &metrics);
   server.start();
