@@ -235,32 +235,24 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   EXPECT_GT(ran["stats"]["cloud_tokens"].get<int>(), 0) << r.out;
   EXPECT_LT(ran["stats"]["cloud_tokens"].get<int>(), 24) << r.out;
 
+  // `eval --task wikitext` on two held-out chunks with the given --router arguments.
+  auto wikitext_eval = [&](const fs::path& out, const std::vector<std::string>& routers) {
+    std::vector<std::string> a = {"eval",       "-m",
+                                  edge,         "--cloud-model",
+                                  cloud,        "--task",
+                                  "wikitext",   "--data",
+                                  data,         "--chunks",
+                                  "2",          "--chunk-offset",
+                                  "8",          "--chunk-tokens",
+                                  "64",         "--rates",
+                                  "0.1,0.3",    "--out",
+                                  out.string(), "--no-plots",
+                                  "-t",         "1"};
+    for (const std::string& router : routers) a.insert(a.end(), {"--router", router});
+    return run_tandem(a, dir);
+  };
   const fs::path eval_out = dir / "eval";
-  r = run_tandem({"eval",
-                  "-m",
-                  edge,
-                  "--cloud-model",
-                  cloud,
-                  "--task",
-                  "wikitext",
-                  "--data",
-                  data,
-                  "--chunks",
-                  "2",
-                  "--chunk-offset",
-                  "8",
-                  "--chunk-tokens",
-                  "64",
-                  "--router",
-                  model,
-                  "--rates",
-                  "0.1,0.3",
-                  "--out",
-                  eval_out.string(),
-                  "--no-plots",
-                  "-t",
-                  "1"},
-                 dir);
+  r = wikitext_eval(eval_out, {model});
   ASSERT_EQ(r.rc, 0) << r.err;
   const json results = json::parse(std::ifstream(eval_out / "results.json"));
   EXPECT_EQ(results["chunk_offset"], 8);
@@ -277,33 +269,7 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   const fs::path copy = dir / "twin.gguf";
   fs::copy_file(model, copy, fs::copy_options::overwrite_existing);
   const fs::path two_out = dir / "eval-two";
-  std::vector<std::string> two = {"eval",
-                                  "-m",
-                                  edge,
-                                  "--cloud-model",
-                                  cloud,
-                                  "--task",
-                                  "wikitext",
-                                  "--data",
-                                  data,
-                                  "--chunks",
-                                  "2",
-                                  "--chunk-offset",
-                                  "8",
-                                  "--chunk-tokens",
-                                  "64",
-                                  "--router",
-                                  model,
-                                  "--router",
-                                  copy.string(),
-                                  "--rates",
-                                  "0.1,0.3",
-                                  "--out",
-                                  two_out.string(),
-                                  "--no-plots",
-                                  "-t",
-                                  "1"};
-  r = run_tandem(two, dir);
+  r = wikitext_eval(two_out, {model, copy.string()});
   ASSERT_EQ(r.rc, 0) << r.err;
   const json both = json::parse(std::ifstream(two_out / "results.json"));
   const std::string stem = "mlp-" + fs::path(model).stem().string();
@@ -316,8 +282,7 @@ TEST(RouterEndToEnd, CollectTrainRunAndEval) {
   for (const auto& row : results["routes"])
     if (row["policy"] == "mlp") single.push_back(row["nll"].get<double>());
   EXPECT_EQ(nll[stem], single);
-  two[16] = model + "@0.1";  // wikitext scores every router at --rates
-  r = run_tandem(two, dir);
+  r = wikitext_eval(two_out, {model + "@0.1"});  // wikitext scores every router at --rates
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("drop the @targets"), std::string::npos) << r.err;
 
