@@ -36,8 +36,8 @@ def agreements(folder, run):
     return {i: a == cloud.get(i) for i, a in answers(run).items()}
 
 
-def versus(folder, run, other):
-    mine, theirs = agreements(folder, run), agreements(folder, other)
+def versus(run_folder, run, other_folder, other):
+    mine, theirs = agreements(run_folder, run), agreements(other_folder, other)
     only_mine = sum(1 for i in mine if mine[i] and not theirs.get(i, False))
     only_theirs = sum(1 for i in mine if theirs.get(i, False) and not mine[i])
     return f"+{only_mine}/−{only_theirs} ({mcnemar_p(only_mine, only_theirs):.2g})"
@@ -45,7 +45,8 @@ def versus(folder, run, other):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", nargs="+", help="results.json files; runs of later files are added")
+    ap.add_argument("results", nargs="+",
+                    help="results.json files; a run already read from an earlier file is kept")
     ap.add_argument("--runs", help="comma-separated run names, in table order")
     ap.add_argument("--against", help="a policy (e.g. confidence) to compare route runs with")
     args = ap.parse_args()
@@ -71,7 +72,7 @@ def main():
         if args.against:
             other = f"route-{args.against}-" + name.rsplit("-", 1)[-1]
             paired = name.startswith("route-") and other != name and other in runs
-            row += (" " + versus(folder[name], name, other) + " |") if paired else " – |"
+            row += (" " + versus(folder[name], name, folder[other], other) + " |") if paired else " – |"
         print(row)
 
 

@@ -172,12 +172,15 @@ for stage in "${STAGES[@]}"; do
       ;;
     task-routers)
       # Route runs only; local, cloud and confidence at 2% and 7% are those of stage mc (the same
-      # greedy answers), seeded from its logs when present.
+      # greedy answers), seeded from its logs once stage mc has finished them (results.json
+      # names them). A half-written log would be resumed, and a resumed route run starts its
+      # controller afresh, so its decisions would differ from an uninterrupted run's.
       need_cloud
       for task in csqa arc-easy arc-challenge; do
         mkdir -p "$OUT/routers-$task"
         for run in local cloud route-confidence-2% route-confidence-7%; do
-          if [[ -s "$OUT/mc-$task/items-$run.jsonl" && ! -e "$OUT/routers-$task/items-$run.jsonl" ]]; then
+          if grep -q "\"run\": *\"$run\"" "$OUT/mc-$task/results.json" 2>/dev/null &&
+            [[ ! -e "$OUT/routers-$task/items-$run.jsonl" ]]; then
             cp "$OUT/mc-$task/items-$run.jsonl" "$OUT/routers-$task/items-$run.jsonl"
           fi
         done
