@@ -5,7 +5,7 @@
 # quiet machine: nothing else may run, or the wall-clock figures are noise.
 #   scripts/rtt_figures.sh [gsm8k|lambada ...]      (default: both)
 #     gsm8k    the first 6 GSM8K test items, 3 shots, answers up to 256 tokens
-#     lambada  LAMBADA passages 2576-2675 (the reported half's first 100), zero-shot
+#     lambada  LAMBADA passages 2576-2625 (the reported half's first 50), zero-shot
 # For each round trip (0, 20, 100, 200 ms): local, cloud, route at a 7% target (confidence,
 # blocking and pipelined) and speculative (drafts of 4)  -> $OUT/rtt-TASK-RTT{,-blocking}
 # Env: TANDEM_BUILD (default build), OUT (default eval-out).
@@ -27,7 +27,7 @@ set -x
 for task in "${TASKS[@]}"; do
   case $task in
     gsm8k) SELECT=(--limit 6 --shots 3) ;;
-    lambada) SELECT=(--items 2576-2675) ;;
+    lambada) SELECT=(--items 2576-2625) ;;
     *)
       echo "unknown task '$task' (gsm8k, lambada)" >&2
       exit 2
