@@ -203,4 +203,10 @@ void add_data_flag(CLI::App& sub, std::string& dir) {
   sub.add_option("--data", dir, "The benchmark data folder")->capture_default_str();
 }
 
+void add_cloud_model_flag(CLI::App& sub, std::string& file) {
+  sub.add_option("--cloud-model", file,
+                 "The cloud model as a local GGUF file instead of --cloud (teacher-forced rows: "
+                 "eval --task wikitext, router collect)");
+}
+
 }  // namespace tandem::cli

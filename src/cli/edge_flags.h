@@ -7,6 +7,8 @@
 //                -n --temp --top-k --top-p --min-p; -s/--seed
 //   DeviceFlags  both groups whole: `tandem run` and `tandem ui`
 //   add_data_flag  --data, the benchmark data folder (eval, router collect)
+//   add_cloud_model_flag  --cloud-model, the cloud as a local file (eval's wikitext, router
+//   collect)
 //
 // `tandem eval` takes the cloud group whole and the edge group without the flags it spells its
 // own way (--modes, a list of --policy heuristics, several --router files, --rates) or has no use
@@ -92,5 +94,8 @@ struct DeviceFlags {
 std::string default_data_dir();
 // --data DIR; `dir` is set to default_data_dir() first.
 void add_data_flag(CLI::App& sub, std::string& dir);
+// --cloud-model FILE: the cloud model read here instead of asked over --cloud, for the
+// teacher-forced rows of `eval --task wikitext` and `router collect`.
+void add_cloud_model_flag(CLI::App& sub, std::string& file);
 
 }  // namespace tandem::cli

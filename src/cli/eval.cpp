@@ -170,8 +170,7 @@ class EvalCommand : public Command {
             "csqa | arc-easy | arc-challenge | piqa | gsm8k | lambada | wikitext | wikitext-valid "
             "(WikiText-2 validation text, for choosing settings on text that is not reported)")
         ->required();
-    sub_->add_option("--cloud-model", cloud_model_,
-                     "wikitext: the cloud model as a local file instead of --cloud");
+    add_cloud_model_flag(*sub_, cloud_model_);
     sub_->add_option("--chunks", chunks_, "wikitext: chunks scored")
         ->check(CLI::Range(1, 10000))
         ->capture_default_str();

@@ -35,10 +35,11 @@ class RouterCollect {
         "same tokens; write a trace (features, tokens, log-probs per position) for `router "
         "train`. Resumes a trace that exists (whole chunks; a half-written tail is cut)");
     edge_.add_to(*sub_, EdgeFlags::kModel);
-    sub_->add_option("--cloud-model", cloud_model_, "The cloud model as a local GGUF file");
+    add_cloud_model_flag(*sub_, cloud_model_);
     // The cloud over HTTP (/v1/completions) gets the key only: no TLS flags here.
     cloud_.options.timeout_s = 120;  // a request asks for a whole chunk's rows
-    cloud_.add_to(*sub_, CloudFlags::kUrl | CloudFlags::kApi | CloudFlags::kApiKey);
+    cloud_.add_to(*sub_,
+                  CloudFlags::kUrl | CloudFlags::kApi | CloudFlags::kApiKey | CloudFlags::kTls);
     sub_->add_option("--out", out_, "Trace file to write or resume")->required();
     sub_->add_option("--task", task_,
                      "What to trace: wikitext or wikitext-valid (WikiText-2 test or validation "
@@ -110,12 +111,7 @@ class RouterCollect {
       if (api_ == "sglang")
         refuse_sglang("router collect: the cloud's top tokens and continuations",
                       "/v1/completions");
-      CloudOptions co;
-      co.url = cloud_url_;
-      co.api = api_;
-      co.api_key = api_key_;
-      co.timeout_s = timeout_s_;
-      http = std::make_unique<HttpCloudRows>(co);
+      http = std::make_unique<HttpCloudRows>(cloud_.options);
     }
     // GSM8K (a numeric task): the outcome label judges each continuation's final answer.
     std::optional<eval::Task> numeric;

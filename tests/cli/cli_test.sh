@@ -116,6 +116,13 @@ data_default() { "$TANDEM" "$@" --help | grep -o -- "--data TEXT=[^ ]*"; }
 eval_data=$(data_default eval)
 check "eval --data has a default" [ -n "$eval_data" ]
 check "eval and router collect: one data folder" [ "$eval_data" == "$(data_default router collect)" ]
+collect_help=$("$TANDEM" router collect --help)
+for flag in --insecure --ca-file --cloud-model; do
+  check "router collect --help lists $flag" grep -q -- " $flag[ ,]" <<<"$collect_help"
+done
+cloud_model_help() { grep -- " --cloud-model TEXT" <<<"$1"; }
+check "eval and router collect: one --cloud-model" \
+  [ "$(cloud_model_help "$eval_help")" == "$(cloud_model_help "$collect_help")" ]
 
 for cmd in tokenize logits generate bench run ui eval; do
   check "$cmd --help" "$TANDEM" "$cmd" --help >/dev/null
