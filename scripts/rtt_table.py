@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""The round-trip tables of docs/results.md from scripts/rtt_figures.sh's output: seconds per
+answer for each mode at each added round trip, with the cloud share, and for route mode the
+time the device stood still (wait_ms), the routed positions the cloud confirmed / changed and
+the small-model tokens thrown away, per answer.
+
+  scripts/rtt_table.py eval-out gsm8k
+"""
+import json
+import os
+import sys
+
+RTTS = (0, 20, 100, 200)
+
+
+def runs(folder):
+    path = os.path.join(folder, "results.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {r["run"]: r for r in json.load(f)["runs"]}
+
+
+def main():
+    out, task = sys.argv[1], sys.argv[2]
+    by_rtt = {}
+    for rtt in RTTS:
+        rows = runs(os.path.join(out, f"rtt-{task}-{rtt}"))
+        blocking = runs(os.path.join(out, f"rtt-{task}-{rtt}-blocking"))
+        rows = {("route 7%, pipelined" if k.startswith("route-") else k): v for k, v in rows.items()}
+        for k, v in blocking.items():
+            rows["route 7%, blocking"] = v
+        by_rtt[rtt] = rows
+    modes = ["local", "route 7%, pipelined", "route 7%, blocking", "speculative", "cloud"]
+    head = " | ".join(f"{r} ms" for r in RTTS)
+    print(f"| {task}, seconds per answer | {head} | cloud share | vs local at 100 ms |")
+    print("|---|" + "---|" * (len(RTTS) + 2))
+    for m in modes:
+        cells = [f"{by_rtt[r][m]['ms_per_answer'] / 1000:.2f}" if m in by_rtt[r] else "–" for r in RTTS]
+        share = next((by_rtt[r][m]["cloud_share"] for r in RTTS if m in by_rtt[r]), None)
+        ref, this = by_rtt[100].get("local"), by_rtt[100].get(m)
+        vs = f"{100 * (this['ms_per_answer'] / ref['ms_per_answer'] - 1):+.0f}%" if ref and this else "–"
+        print(f"| {m} | " + " | ".join(cells) + f" | {100 * share:.1f}% | {vs} |" if share is not None
+              else f"| {m} | " + " | ".join(cells) + " | – | – |")
+    print()
+    print(f"| {task}, route 7%, per answer | round trip | wait_ms | confirmed / changed | wasted tokens | round trips |")
+    print("|---|---|---|---|---|---|")
+    for m in ("route 7%, blocking", "route 7%, pipelined"):
+        for r in RTTS:
+            x = by_rtt[r].get(m)
+            if not x:
+                continue
+            n = x["items"]
+            print(f"| {m} | {r} ms | {x.get('wait_ms_per_answer', 0):.0f} | "
+                  f"{x.get('route_confirmed', 0) / n:.1f} / {x.get('route_changed', 0) / n:.1f} | "
+                  f"{x.get('wasted_tokens', 0) / n:.1f} | {x.get('round_trips_per_answer', x['route_events'] / n):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
