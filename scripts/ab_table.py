@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""The A/B table of scripts/ab_issue23.sh's output: `tandem bench` prefill and decode tok/s
+(median of each run's samples) and bench_serve.py's generated tok/s at 1 and 32 sessions, for
+each round of the alternating before/after runs.
+
+  scripts/ab_table.py OUT_DIR
+"""
+import glob
+import json
+import os
+import statistics
+import sys
+
+
+def serve_rate(path, sessions, key="median"):
+    """bench_serve.py's generated tok/s at `sessions` (key per_cpu_s: per server CPU second)."""
+    with open(path) as f:
+        tp = json.load(f).get("throughput", {})
+    return tp.get(str(sessions), {}).get(key)
+
+
+def main():
+    out = sys.argv[1]
+    print("| binary, round | pp512 tok/s | tg128 tok/s | serve, 1 session tok/s | serve, 32 sessions tok/s"
+          " | 32 sessions, tok per server CPU-s |")
+    print("|---|---|---|---|---|---|")
+    for path in sorted(glob.glob(os.path.join(out, "bench-*.json")), key=lambda p: (p[-6], "after" in p)):
+        side, rnd = os.path.basename(path)[6:-5].split("-")
+        with open(path) as f:
+            b = json.load(f)
+        serve = os.path.join(out, f"serve-{side}-{rnd}.json")
+        s1 = serve_rate(serve, 1) if os.path.exists(serve) else None
+        s32 = serve_rate(serve, 32) if os.path.exists(serve) else None
+        c32 = serve_rate(serve, 32, "per_cpu_s") if os.path.exists(serve) else None
+        fmt = lambda v: "–" if v is None else f"{v:.1f}"
+        print(f"| {side}, {rnd} | {statistics.median(b['pp']['samples']):.0f} | "
+              f"{statistics.median(b['tg']['samples']):.1f} | {fmt(s1)} | {fmt(s32)} | {fmt(c32)} |")
+
+
+if __name__ == "__main__":
+    main()
