@@ -24,17 +24,24 @@ def main():
     print("| binary, round | pp512 tok/s | tg128 tok/s | serve, 1 session tok/s | serve, 32 sessions tok/s"
           " | 32 sessions, tok per server CPU-s |")
     print("|---|---|---|---|---|---|")
-    for path in sorted(glob.glob(os.path.join(out, "bench-*.json")), key=lambda p: (p[-6], "after" in p)):
-        side, rnd = os.path.basename(path)[6:-5].split("-")
-        with open(path) as f:
-            b = json.load(f)
-        serve = os.path.join(out, f"serve-{side}-{rnd}.json")
-        s1 = serve_rate(serve, 1) if os.path.exists(serve) else None
-        s32 = serve_rate(serve, 32) if os.path.exists(serve) else None
-        c32 = serve_rate(serve, 32, "per_cpu_s") if os.path.exists(serve) else None
+    names = {os.path.basename(p)[:-5].split("-", 1)[1]
+             for p in glob.glob(os.path.join(out, "*-*-*.json"))}  # "before-1", "after-3", ...
+    for name in sorted(names, key=lambda n: (int(n.split("-")[1]), n)):
+        side, rnd = name.split("-")
+        bench = os.path.join(out, f"bench-{name}.json")
+        pp = tg = "–"
+        if os.path.exists(bench):
+            with open(bench) as f:
+                b = json.load(f)
+            pp = f"{statistics.median(b['pp']['samples']):.0f}"
+            tg = f"{statistics.median(b['tg']['samples']):.1f}"
+        serve = os.path.join(out, f"serve-{name}.json")
+        have = os.path.exists(serve)
+        s1 = serve_rate(serve, 1) if have else None
+        s32 = serve_rate(serve, 32) if have else None
+        c32 = serve_rate(serve, 32, "per_cpu_s") if have else None
         fmt = lambda v: "–" if v is None else f"{v:.1f}"
-        print(f"| {side}, {rnd} | {statistics.median(b['pp']['samples']):.0f} | "
-              f"{statistics.median(b['tg']['samples']):.1f} | {fmt(s1)} | {fmt(s32)} | {fmt(c32)} |")
+        print(f"| {side}, {rnd} | {pp} | {tg} | {fmt(s1)} | {fmt(s32)} | {fmt(c32)} |")
 
 
 if __name__ == "__main__":
