@@ -37,11 +37,10 @@ def main():
     print("|---|" + "---|" * (len(RTTS) + 2))
     for m in modes:
         cells = [f"{by_rtt[r][m]['ms_per_answer'] / 1000:.2f}" if m in by_rtt[r] else "–" for r in RTTS]
-        share = next((by_rtt[r][m]["cloud_share"] for r in RTTS if m in by_rtt[r]), None)
+        share = next((f"{100 * by_rtt[r][m]['cloud_share']:.1f}%" for r in RTTS if m in by_rtt[r]), "–")
         ref, this = by_rtt[100].get("local"), by_rtt[100].get(m)
         vs = f"{100 * (this['ms_per_answer'] / ref['ms_per_answer'] - 1):+.0f}%" if ref and this else "–"
-        print(f"| {m} | " + " | ".join(cells) + f" | {100 * share:.1f}% | {vs} |" if share is not None
-              else f"| {m} | " + " | ".join(cells) + " | – | – |")
+        print(f"| {m} | " + " | ".join(cells) + f" | {share} | {vs} |")
     print()
     print(f"| {task}, route 7%, per answer | round trip | wait_ms | confirmed / changed | wasted tokens | round trips |")
     print("|---|---|---|---|---|---|")
@@ -53,7 +52,7 @@ def main():
             n = x["items"]
             print(f"| {m} | {r} ms | {x.get('wait_ms_per_answer', 0):.0f} | "
                   f"{x.get('route_confirmed', 0) / n:.1f} / {x.get('route_changed', 0) / n:.1f} | "
-                  f"{x.get('wasted_tokens', 0) / n:.1f} | {x.get('round_trips_per_answer', x['route_events'] / n):.1f} |")
+                  f"{x.get('wasted_tokens', 0) / n:.1f} | {x['route_events'] / n:.1f} |")
 
 
 if __name__ == "__main__":
