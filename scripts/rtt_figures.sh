@@ -6,8 +6,8 @@
 #   scripts/rtt_figures.sh [gsm8k|lambada ...]      (default: both)
 #     gsm8k    the first 6 GSM8K test items, 3 shots, answers up to 256 tokens
 #     lambada  LAMBADA passages 2576-2625 (the reported half's first 50), zero-shot
-# For each round trip (0, 20, 100, 200 ms): local, cloud, route at a 7% target (confidence,
-# blocking and pipelined) and speculative (drafts of 4)  -> $OUT/rtt-TASK-RTT{,-blocking}
+# For each round trip (0, 20, 100, 200 ms): local, cloud, route at a 7% target (confidence) and
+# speculative (drafts of 4), each blocking and pipelined  -> $OUT/rtt-TASK-RTT{,-blocking}
 # Env: TANDEM_BUILD (default build), OUT (default eval-out).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,7 +38,7 @@ for task in "${TASKS[@]}"; do
       --modes local,cloud,route,speculative --rates 0.07 --policy confidence --target-gain 0.2 \
       --draft 4 --pipeline --rtt-ms "$rtt" --no-plots -t 1 --out "$OUT/rtt-$task-$rtt"
     taskset -c 0 "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" "${SELECT[@]}" \
-      --modes route --rates 0.07 --policy confidence --target-gain 0.2 --no-pipeline \
+      --modes route,speculative --rates 0.07 --policy confidence --target-gain 0.2 --draft 4 --no-pipeline \
       --rtt-ms "$rtt" --no-plots -t 1 --out "$OUT/rtt-$task-$rtt-blocking"
   done
 done

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The round-trip tables of docs/results.md from scripts/rtt_figures.sh's output: seconds per
-answer for each mode at each added round trip, with the cloud share, and for route mode the
-time the device stood still (wait_ms), the routed positions the cloud confirmed / changed and
-the small-model tokens thrown away, per answer.
+answer for each mode at each added round trip, with the cloud share, and for route and
+speculative mode the time the device stood still (wait_ms), the routed positions (speculative:
+blocks) the cloud confirmed / changed and the small-model tokens thrown away, per answer.
 
   scripts/rtt_table.py eval-out gsm8k
 """
@@ -25,13 +25,17 @@ def main():
     out, task = sys.argv[1], sys.argv[2]
     by_rtt = {}
     for rtt in RTTS:
-        rows = runs(os.path.join(out, f"rtt-{task}-{rtt}"))
-        blocking = runs(os.path.join(out, f"rtt-{task}-{rtt}-blocking"))
-        rows = {("route 7%, pipelined" if k.startswith("route-") else k): v for k, v in rows.items()}
-        for k, v in blocking.items():
-            rows["route 7%, blocking"] = v
+        rows = {}
+        for suffix, how in (("", "pipelined"), ("-blocking", "blocking")):
+            for k, v in runs(os.path.join(out, f"rtt-{task}-{rtt}{suffix}")).items():
+                if k.startswith("route-"):
+                    k = f"route 7%, {how}"
+                elif k == "speculative":
+                    k = f"speculative, {how}"
+                rows[k] = v
         by_rtt[rtt] = rows
-    modes = ["local", "route 7%, pipelined", "route 7%, blocking", "speculative", "cloud"]
+    modes = ["local", "route 7%, pipelined", "route 7%, blocking", "speculative, pipelined",
+             "speculative, blocking", "cloud"]
     head = " | ".join(f"{r} ms" for r in RTTS)
     print(f"| {task}, seconds per answer | {head} | cloud share | vs local at 100 ms |")
     print("|---|" + "---|" * (len(RTTS) + 2))
@@ -42,9 +46,9 @@ def main():
         vs = f"{100 * (this['ms_per_answer'] / ref['ms_per_answer'] - 1):+.0f}%" if ref and this else "–"
         print(f"| {m} | " + " | ".join(cells) + f" | {share} | {vs} |")
     print()
-    print(f"| {task}, route 7%, per answer | round trip | wait_ms | confirmed / changed | wasted tokens | round trips |")
+    print(f"| {task}, per answer | round trip | wait_ms | confirmed / changed | wasted tokens | round trips |")
     print("|---|---|---|---|---|---|")
-    for m in ("route 7%, blocking", "route 7%, pipelined"):
+    for m in modes[1:5]:
         for r in RTTS:
             x = by_rtt[r].get(m)
             if not x:

@@ -189,7 +189,9 @@ struct EdgeStats {
       0;  // tokens the cloud prefilled in consultations (sync-ahead saves these)
   int sync_steps = 0, sync_failures = 0, cloud_failures = 0;
   // Route events whose answer was the device's own guess (its top-1; pipelined: its greedy
-  // continuation over the route span) and those where the cloud changed it.
+  // continuation over the route span) and those where the cloud changed it. Pipelined
+  // speculative mode: blocks whose verdict was every draft and then the device's own next token
+  // (the next block, drafted meanwhile, goes out at once), and the others.
   int route_confirmed = 0, route_changed = 0;
   int wasted_tokens = 0;    // tokens decoded ahead of an answer and then thrown away
   bool cloud_lost = false;  // the cloud was given up on (fatal error) or never answered

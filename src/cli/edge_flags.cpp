@@ -87,9 +87,9 @@ void add_control_flags(CLI::App& sub, EdgeFlags& f) {
                "Do not push locally decided tokens to the cloud in the background (a route "
                "event sends what the cloud lacks; greedy answers are the same)");
   sub.add_flag("--pipeline,!--no-pipeline", f.options.pipeline,
-               "Route mode: decode on past a routed position while its answer is out, going back "
-               "only when the cloud answers otherwise (the same output; default on; --no-pipeline "
-               "waits)")
+               "Route and speculative mode: decode on while a consultation is out (past a routed "
+               "position; the next block of drafts), going back only when the cloud answers "
+               "otherwise (the same output; default on; --no-pipeline waits)")
       ->capture_default_str();
   sub.add_option("--sync-every", f.options.sync_every,
                  "Sync ahead once N local tokens have gathered (1: after every token)")

@@ -153,20 +153,21 @@ float EdgeDecoder::route_score(bool* cloud, double* threshold) {
 
 namespace {
 
-// A routed position whose answer is still out (pipelined route mode), and the decoder as it was
-// there: the router after its decision, the sampler, the small model's logits (and hidden state)
-// at that position. An answer other than `guess` puts all of it back, so the decoder then goes
-// on exactly as blocking route mode would have.
+// A consultation whose answer is still out (pipelined route or speculative mode), and the
+// decoder as it was at its position: the router after its decision, the sampler, the small
+// model's logits (and hidden state) there. An answer other than `guess` puts all of it back, so
+// the decoder then goes on exactly as the blocking mode would have.
 struct Flight {
   uint64_t ticket = 0;
-  size_t pos = 0;  // history length at the routed position
+  size_t pos = 0;  // history length at the consulted position
   Router router;
   Sampler::State sampler;
   std::vector<float> logits, hidden;  // [n_vocab], [n_embd] or empty
   float score = 0;
   double threshold = 0;
-  TokenId edge_guess = -1;     // the small model's top-1 at pos
-  std::vector<TokenId> guess;  // what the device assumes the cloud answers
+  TokenId edge_guess = -1;      // route: the small model's top-1 at pos
+  std::vector<TokenId> guess;   // what the device assumes the cloud answers
+  std::vector<TokenId> drafts;  // speculative: the block out for verification (empty: route)
   Clock::time_point sent;
 };
 
@@ -415,9 +416,18 @@ struct EdgeDecoder::Turn {
   // Pipelined: the request is out. Go on as if the cloud answered the device's own greedy
   // continuation, holding its tokens and every later one back until the answer is in.
   bool route_ahead(uint64_t ticket, int n, float score, TokenId edge_guess) {
-    flight.emplace(Flight{ticket, d.history_.size(), d.router_, d.sampler_.state(), d.logits_,
-                          d.hidden_, score, decided_threshold, edge_guess,
-                          greedy_chain(edge_guess, n), Clock::now()});
+    flight.emplace(Flight{ticket,
+                          d.history_.size(),
+                          d.router_,
+                          d.sampler_.state(),
+                          d.logits_,
+                          d.hidden_,
+                          score,
+                          decided_threshold,
+                          edge_guess,
+                          greedy_chain(edge_guess, n),
+                          {},
+                          Clock::now()});
     d.router_.record(true, static_cast<int>(flight->guess.size()));
     return emit_cloud(flight->guess, score, 0, edge_guess);
   }
@@ -453,13 +463,15 @@ struct EdgeDecoder::Turn {
     if (r) {
       note_answer(*r);
       count_agreement(r->tokens == f.guess);
+      if (!f.drafts.empty()) st.accepted_drafts += r->accepted;
       if (r->tokens == f.guess) return publish_held() ? Resolved::Confirmed : Resolved::Ended;
     } else {
       note_failure(why);
     }
     const std::vector<TokenId> ahead(d.history_.begin() + f.pos, d.history_.end());
     rewind(f);
-    const bool going = take_answer(r, f.score, f.edge_guess);
+    const bool going =
+        f.drafts.empty() ? take_answer(r, f.score, f.edge_guess) : take_verdict(r, f.drafts);
     count_wasted(ahead, f.pos);
     return going ? Resolved::Rewound : Resolved::Ended;
   }
@@ -485,8 +497,8 @@ struct EdgeDecoder::Turn {
     return false;
   }
 
-  // Back to f's routed position: the conversation, the router (after its decision there), the
-  // sampler, and the small model's KV (cut there) and logits (restored, not recomputed).
+  // Back to f's position: the conversation, the router (after its decision there), the sampler,
+  // and the small model's KV (cut there) and logits (restored, not recomputed, in route mode).
   void rewind(const Flight& f) {
     held.clear();
     held_stop.reset();
@@ -498,9 +510,13 @@ struct EdgeDecoder::Turn {
       d.ctx_->truncate(0, static_cast<int>(f.pos));
       d.local_tokens_.resize(f.pos);
     }
-    d.logits_ = f.logits;
-    d.hidden_ = f.hidden;
-    d.logits_pos_ = f.pos;
+    if (f.logits.empty()) {
+      d.logits_pos_ = SIZE_MAX;  // not kept (speculative): recomputed when needed
+    } else {
+      d.logits_ = f.logits;
+      d.hidden_ = f.hidden;
+      d.logits_pos_ = f.pos;
+    }
   }
 
   // Tokens decoded past `pos` (`ahead`) that the conversation no longer holds after a rewind.
@@ -537,22 +553,39 @@ struct EdgeDecoder::Turn {
     return drafts;
   }
 
+  // One block: the small model drafts, the cloud verifies (blocking), or -- pipelined -- the
+  // block goes out and the device goes on as if every draft and its own next token were taken,
+  // drafting the next block while this one is verified (docs/client.md, "Pipelined routing").
   bool step_speculative() {
-    std::optional<CloudStepResult> r;
     std::vector<TokenId> drafts;
-    if (d.link_ && d.link_->ready()) {
+    if (flight) {
+      // The block out is unanswered: draft the next one now, then settle the first. Drafts of a
+      // block the answer rewinds past go with the rewind (the KV is cut back).
       drafts = draft(remaining());
-      if (drafts.empty()) {
-        r = consult(generate_op(1));
-      } else {
-        CloudOp op;
-        op.kind = CloudOpKind::Verify;
-        op.draft = drafts;
-        st.drafted += static_cast<int>(drafts.size());
-        r = consult(op);
-        if (r) st.accepted_drafts += r->accepted;
-      }
+      const Resolved first = resolve();
+      if (first != Resolved::Confirmed) return first == Resolved::Rewound;
+      if (!d.link_->ready()) return take_verdict(std::nullopt, {});
+    } else if (d.link_ && d.link_->ready()) {
+      drafts = draft(remaining());
+    } else {
+      return take_verdict(std::nullopt, {});
     }
+    if (drafts.empty()) return take_verdict(consult(generate_op(1)), {});
+    st.drafted += static_cast<int>(drafts.size());
+    CloudOp op;
+    op.kind = CloudOpKind::Verify;
+    op.draft = drafts;
+    if (!d.options_.pipeline || d.model_.is_end_of_generation(drafts.back())) {
+      std::optional<CloudStepResult> r = consult(op);
+      if (r) st.accepted_drafts += r->accepted;
+      return take_verdict(r, drafts);
+    }
+    return verify_ahead(op, std::move(drafts));
+  }
+
+  // A verification's outcome as blocking speculative mode takes it: the accepted drafts and the
+  // cloud's token, or (nullopt) a fallback to the device's own token.
+  bool take_verdict(const std::optional<CloudStepResult>& r, const std::vector<TokenId>& drafts) {
     if (r) {
       const TokenId edge_guess =
           r->accepted < static_cast<int>(drafts.size()) ? drafts[r->accepted] : -1;
@@ -560,6 +593,31 @@ struct EdgeDecoder::Turn {
     }
     ++st.fallbacks;
     return emit(d.sample_local(), TokenSource::Local, 0.0f, -1, true);
+  }
+
+  // Pipelined: sends the block and goes on as if the cloud took every draft and then answered
+  // the small model's own next token, holding those tokens back until the verdict is in. The
+  // decoder's state is kept as it was before the drafts (f.pos), for a verdict that differs.
+  bool verify_ahead(const CloudOp& op, std::vector<TokenId> drafts) {
+    const size_t pos = d.history_.size();
+    Flight f{0,  pos, d.router_, d.sampler_.state(), {}, {}, 0.0f, decided_threshold, -1,
+             {}, {},  {}};
+    // The logits at pos: drafting moved them on; the KV still holds pos's row.
+    d.history_.insert(d.history_.end(), drafts.begin(), drafts.end());
+    d.ensure_local_logits();  // decodes the last draft: the small model's next token
+    f.guess = drafts;
+    f.guess.push_back(argmax(d.logits_));
+    d.history_.resize(pos);
+    std::string why;
+    f.ticket = d.link_->begin(d.history_, op, &why);
+    if (f.ticket == 0) {
+      note_failure(why);
+      return take_verdict(std::nullopt, drafts);
+    }
+    f.drafts = std::move(drafts);
+    f.sent = Clock::now();
+    flight.emplace(std::move(f));
+    return emit_cloud(flight->guess, 0.0f, static_cast<int>(flight->drafts.size()), -1);
   }
 
   bool step_cloud() {

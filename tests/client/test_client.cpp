@@ -1000,6 +1000,8 @@ RouteTrace route_trace(const Model& edge, const EdgeOptions& o, const std::strin
     t.stats.route_confirmed += r.stats.route_confirmed;
     t.stats.route_changed += r.stats.route_changed;
     t.stats.wasted_tokens += r.stats.wasted_tokens;
+    t.stats.accepted_drafts += r.stats.accepted_drafts;
+    t.stats.drafted += r.stats.drafted;
   }
   return t;
 }
@@ -1059,6 +1061,33 @@ std::vector<std::pair<std::string, EdgeOptions>> pipeline_settings(const Model& 
   return out;
 }
 
+void add_pipeline_counts(EdgeStats& sum, const EdgeStats& s) {
+  sum.route_confirmed += s.route_confirmed;
+  sum.route_changed += s.route_changed;
+  sum.wasted_tokens += s.wasted_tokens;
+}
+
+// Both of the pipeline's ways were taken: answers that confirmed the held tokens and answers
+// that rewound past decoded ones.
+void expect_both_ways(const EdgeStats& pipelined) {
+  EXPECT_GT(pipelined.route_confirmed, 0);
+  EXPECT_GT(pipelined.route_changed, 0);
+  EXPECT_GT(pipelined.wasted_tokens, 0);
+}
+
+// Runs body(rtt, url, prompts, n) with the cloud behind a delay proxy adding 0, 20 and 100 ms:
+// fewer and shorter answers as the round trip grows.
+template <class Body>
+void at_round_trips(const ServeProcess& serve, const Model& edge, const Body& body) {
+  for (const auto& [rtt, n_prompts, n] :
+       {std::tuple{0.0, 6, 16}, std::tuple{20.0, 3, 16}, std::tuple{100.0, 2, 10}}) {
+    const uint16_t port = static_cast<uint16_t>(std::stoi(serve.url().substr(17)));
+    net::DelayProxy proxy("127.0.0.1", port, rtt);
+    body(rtt, "http://127.0.0.1:" + std::to_string(proxy.port()), pipeline_prompts(edge, n_prompts),
+         n);
+  }
+}
+
 // Pipelined and blocking route mode give the same tokens, sources, scores, thresholds and
 // stops, setting by setting, over a delay proxy adding 0, 20 and 100 ms per round trip (fewer
 // prompts and tokens at the longer round trips, to keep the test short).
@@ -1071,39 +1100,69 @@ TEST_F(EdgeCloudTest, PipelinedRouteEqualsBlockingRoute) {
   serve.start();
   const auto settings = pipeline_settings(*edge_model_, router);
   EdgeStats pipelined;  // summed over every pipelined run
-  for (const auto& [rtt, n_prompts, n] :
-       {std::tuple{0.0, 6, 16}, std::tuple{20.0, 3, 16}, std::tuple{100.0, 2, 10}}) {
-    const uint16_t port = static_cast<uint16_t>(std::stoi(serve.url().substr(17)));
-    net::DelayProxy proxy("127.0.0.1", port, rtt);
-    const std::string url = "http://127.0.0.1:" + std::to_string(proxy.port());
-    const auto prompts = pipeline_prompts(*edge_model_, n_prompts);
-    for (const auto& [name, options] : settings) {
-      EdgeOptions o = options;
-      o.pipeline = false;
-      const RouteTrace blocking = route_trace(*edge_model_, o, url, prompts, n);
-      o.pipeline = true;
-      const RouteTrace piped = route_trace(*edge_model_, o, url, prompts, n);
-      EXPECT_TRUE(piped == blocking) << name << " at " << rtt << " ms";
-      EXPECT_EQ(piped.stats.route_events, blocking.stats.route_events) << name;
-      EXPECT_EQ(piped.stats.cloud_tokens, blocking.stats.cloud_tokens) << name;
-      EXPECT_EQ(blocking.stats.fallbacks, 0) << name;
-      EXPECT_EQ(piped.stats.fallbacks, 0) << name;
-      EXPECT_EQ(piped.stats.route_confirmed + piped.stats.route_changed, piped.stats.route_events);
-      EXPECT_EQ(blocking.stats.wasted_tokens, 0);
-      EXPECT_GT(blocking.stats.route_events, 0) << name << ": nothing was routed";
-      EXPECT_GT(std::count(blocking.sources.begin(), blocking.sources.end(), TokenSource::Local), 0)
-          << name << ": everything was routed";
-      pipelined.route_confirmed += piped.stats.route_confirmed;
-      pipelined.route_changed += piped.stats.route_changed;
-      pipelined.wasted_tokens += piped.stats.wasted_tokens;
-    }
-  }
-  // Both of the pipeline's ways were taken: answers that confirmed the held tokens and answers
-  // that rewound past decoded ones.
-  EXPECT_GT(pipelined.route_confirmed, 0);
-  EXPECT_GT(pipelined.route_changed, 0);
-  EXPECT_GT(pipelined.wasted_tokens, 0);
+  at_round_trips(
+      serve, *edge_model_,
+      [&](double rtt, const std::string& url, const std::vector<std::vector<TokenId>>& prompts,
+          int n) {
+        for (const auto& [name, options] : settings) {
+          EdgeOptions o = options;
+          o.pipeline = false;
+          const RouteTrace blocking = route_trace(*edge_model_, o, url, prompts, n);
+          o.pipeline = true;
+          const RouteTrace piped = route_trace(*edge_model_, o, url, prompts, n);
+          EXPECT_TRUE(piped == blocking) << name << " at " << rtt << " ms";
+          EXPECT_EQ(piped.stats.route_events, blocking.stats.route_events) << name;
+          EXPECT_EQ(piped.stats.cloud_tokens, blocking.stats.cloud_tokens) << name;
+          EXPECT_EQ(blocking.stats.fallbacks, 0) << name;
+          EXPECT_EQ(piped.stats.fallbacks, 0) << name;
+          EXPECT_EQ(piped.stats.route_confirmed + piped.stats.route_changed,
+                    piped.stats.route_events);
+          EXPECT_EQ(blocking.stats.wasted_tokens, 0);
+          EXPECT_GT(blocking.stats.route_events, 0) << name << ": nothing was routed";
+          EXPECT_GT(
+              std::count(blocking.sources.begin(), blocking.sources.end(), TokenSource::Local), 0)
+              << name << ": everything was routed";
+          add_pipeline_counts(pipelined, piped.stats);
+        }
+      });
+  expect_both_ways(pipelined);
   std::filesystem::remove(router);
+}
+
+// Pipelined and blocking speculative mode give the same tokens, sources and stops (drafts of
+// 1, 3 and 4; answers cut by n and by the callback) at 0, 20 and 100 ms; both
+// of the pipeline's ways are taken: blocks whose drafts and next token the cloud confirmed (the
+// next block was drafted while they were out) and blocks it changed (those drafts thrown away).
+TEST_F(EdgeCloudTest, PipelinedSpeculativeEqualsBlockingSpeculative) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  EdgeStats pipelined;  // summed over every pipelined run
+  at_round_trips(serve, *edge_model_,
+                 [&](double rtt, const std::string& url,
+                     const std::vector<std::vector<TokenId>>& prompts, int n) {
+                   for (int n_draft : {1, 3, 4}) {
+                     EdgeOptions o = edge_options(EdgeMode::Speculative);
+                     o.draft = n_draft;
+                     o.pipeline = false;
+                     const RouteTrace blocking = route_trace(*edge_model_, o, url, prompts, n);
+                     o.pipeline = true;
+                     const RouteTrace piped = route_trace(*edge_model_, o, url, prompts, n);
+                     const std::string name = "drafts of " + std::to_string(n_draft) + " at " +
+                                              std::to_string(static_cast<int>(rtt)) + " ms";
+                     EXPECT_TRUE(piped == blocking) << name;
+                     EXPECT_EQ(piped.stats.route_events, blocking.stats.route_events) << name;
+                     EXPECT_EQ(piped.stats.cloud_tokens, blocking.stats.cloud_tokens) << name;
+                     EXPECT_EQ(piped.stats.accepted_drafts, blocking.stats.accepted_drafts) << name;
+                     EXPECT_EQ(blocking.stats.fallbacks, 0) << name;
+                     EXPECT_EQ(piped.stats.fallbacks, 0) << name;
+                     EXPECT_EQ(blocking.stats.wasted_tokens, 0) << name;
+                     EXPECT_GT(blocking.stats.route_events, 0) << name;
+                     EXPECT_EQ(blocking.stats.route_confirmed + blocking.stats.route_changed, 0)
+                         << name;
+                     add_pipeline_counts(pipelined, piped.stats);
+                   }
+                 });
+  expect_both_ways(pipelined);
 }
 
 // A cloud killed while answers are out: the pipelined decoder still completes every answer
