@@ -100,6 +100,21 @@ void BM_ConfidenceRouterDecide(benchmark::State& state) {
 }
 BENCHMARK(BM_ConfidenceRouterDecide);
 
+// The signal itself, from one logits row of the vocabulary's size (Gemma 3: 262,144): what route
+// mode pays at every position before any policy runs (local mode does not). Arg: n_vocab.
+void BM_SignalFromLogits(benchmark::State& state) {
+  std::vector<float> logits(static_cast<size_t>(state.range(0)));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0, 3);
+  for (float& x : logits) x = nd(rng);
+  int position = 0;
+  for (auto _ : state) {
+    const RouterSignal s = router_signal_from_logits(logits, ++position, 8);
+    benchmark::DoNotOptimize(s.entropy);
+  }
+}
+BENCHMARK(BM_SignalFromLogits)->Arg(32000)->Arg(262144)->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -97,6 +97,7 @@ struct CloudCounters {
   int steps = 0;    // successful steps
   int rewinds = 0;  // sessions cut back to a shared prefix (native "rewind") instead of replayed
   uint64_t replayed_tokens = 0;
+  int chained_steps = 0;  // steps sent on a lane of their own, earlier ones possibly still out
 };
 
 // One cloud conversation. step() takes the edge's whole history (which normally extends what it
@@ -194,6 +195,7 @@ struct EdgeStats {
   // (the next block, drafted meanwhile, goes out at once), and the others.
   int route_confirmed = 0, route_changed = 0;
   int wasted_tokens = 0;    // tokens decoded ahead of an answer and then thrown away
+  int chained_steps = 0;    // cloud steps sent while earlier ones could still be out (queue)
   bool cloud_lost = false;  // the cloud was given up on (fatal error) or never answered
   std::string last_cloud_error;
 };

@@ -10,6 +10,7 @@ using Clock = std::chrono::steady_clock;
 
 CloudLink::CloudLink(std::unique_ptr<CloudBackend> backend, const Options& options)
     : backend_(std::move(backend)), options_(options) {
+  chained_ = dynamic_cast<ChainedBackend*>(backend_.get());
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -21,9 +22,14 @@ CloudLink::~CloudLink() {
     pending_request_.reset();
     // A step in flight would hold the join for up to the timeout: cut it (the session is then
     // left to expire on the server). An idle worker closes the session on its way out.
-    if (busy_) backend_->abort();
+    const bool chain_running =
+        std::any_of(chain_.begin(), chain_.end(), [](const auto& job) { return job->running; });
+    if (busy_ || chain_running) backend_->abort();
   }
   cv_work_.notify_all();
+  cv_lane_.notify_all();
+  cv_done_.notify_all();
+  for (std::thread& t : lanes_) t.join();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -93,7 +99,13 @@ void CloudLink::sync(const std::vector<TokenId>& history) {
     if (disabled_ || Clock::now() < retry_at_) return;
     // A consultation queued or unanswered carries the history anyway (and a pipelined decoder's
     // history past it is not settled yet).
-    if (pending_request_ || awaited_id_ != 0) return;
+    if (pending_request_ || awaited_id_ != 0 || !tickets_.empty()) return;
+    start_conversation_locked();
+    if (chaining_locked()) {
+      // One push at a time: the next one, or the next consultation, carries what came since.
+      if (chain_.empty() && consecutive_failures_ == 0) chain_locked(history, CloudOp{}, {});
+      return;
+    }
     pending_sync_ = history;
   }
   cv_work_.notify_one();
@@ -101,13 +113,131 @@ void CloudLink::sync(const std::vector<TokenId>& history) {
 
 std::optional<CloudStepResult> CloudLink::request(const std::vector<TokenId>& history,
                                                   const CloudOp& op, std::string* why) {
-  const uint64_t ticket = begin(history, op, why);
+  const uint64_t ticket = begin(history, op, {}, why);
   if (ticket == 0) return std::nullopt;
   return wait(ticket, why);
 }
 
+Clock::time_point CloudLink::deadline_from_now() const {
+  // A little over one timeout, so that the HTTP layer reports its own error first.
+  return Clock::now() +
+         std::chrono::microseconds(static_cast<long>(options_.timeout_s * 1.05e6 + 50e3));
+}
+
+// Chaining needs a backend and a server that can (a session is open, the server queues a
+// session's steps), no plain step running or waiting (they need the backend to themselves), and
+// a free lane.
+bool CloudLink::chaining_locked() const {
+  if (!chained_ || busy_ || pending_request_ || awaited_id_ != 0 || pending_new_conversation_) {
+    return false;
+  }
+  const int lanes = chained_->chain_lanes();
+  return lanes > 0 && chain_.size() < static_cast<size_t>(lanes);
+}
+
+// A new conversation on a backend that chains (so its server cuts a session back instead of
+// opening another): nothing to send, so it need not wait for the worker.
+void CloudLink::start_conversation_locked() {
+  if (!pending_new_conversation_ || !chained_ || busy_ || !chain_.empty() ||
+      chained_->chain_lanes() == 0) {
+    return;
+  }
+  backend_->new_conversation();
+  pending_new_conversation_ = false;
+}
+
+bool CloudLink::can_begin_another() const {
+  std::lock_guard lock(mu_);
+  return !disabled_ && Clock::now() >= retry_at_ && consecutive_failures_ == 0 && chaining_locked();
+}
+
+uint64_t CloudLink::chain_locked(const std::vector<TokenId>& history, const CloudOp& op,
+                                 std::vector<TokenId> guess) {
+  const size_t lanes = static_cast<size_t>(chained_->chain_lanes());
+  while (lanes_.size() < lanes) {
+    const int index = static_cast<int>(lanes_.size());
+    lanes_.emplace_back([this, index] { lane(index); });
+  }
+  auto job = std::make_shared<ChainJob>();
+  job->step = chained_->chain(history, op, std::move(guess));
+  job->epoch = epoch_;
+  job->deadline = deadline_from_now();
+  if (op.kind != CloudOpKind::Sync) {
+    job->ticket = next_id_++;
+    tickets_[job->ticket] = job;
+  }
+  chain_.push_back(job);
+  cv_lane_.notify_one();
+  return job->ticket;
+}
+
+// A lane: sends the chain's steps, the earliest unsent first, on its own connection.
+void CloudLink::lane(int index) {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    std::shared_ptr<ChainJob> job;
+    cv_lane_.wait(lock, [&] {
+      if (stop_) return true;
+      for (const auto& j : chain_) {
+        if (!j->running) {
+          job = j;
+          return true;
+        }
+      }
+      return false;
+    });
+    if (stop_) return;
+    job->running = true;
+    lock.unlock();
+    std::optional<CloudStepResult> answer;
+    std::optional<CloudError> error;
+    try {
+      answer = chained_->run_chained(index, job->step);
+    } catch (const CloudError& e) {
+      error = e;
+    }
+    lock.lock();
+    job->done = true;
+    job->answer = std::move(answer);
+    job->refused = !job->answer && !error;
+    job->error = std::move(error);
+    settle_locked();
+    cv_done_.notify_all();
+    cv_work_.notify_all();  // the worker may be waiting for the chain to drain
+  }
+}
+
+// Settles the finished steps at the chain's head, in order. A step answered otherwise than
+// guessed, failed or refused ends its epoch: every later step is stale (built on a guess that
+// did not hold), whatever it gets back.
+void CloudLink::settle_locked() {
+  while (!chain_.empty() && chain_.front()->done) {
+    const std::shared_ptr<ChainJob> job = chain_.front();
+    chain_.pop_front();
+    const bool stale = job->epoch != epoch_;
+    const bool push = job->ticket == 0;
+    if (!stale && job->answer) {
+      chained_->settle(job->step, &*job->answer);
+      job->valid = true;
+      if (job->answer->tokens != job->step.guess) ++epoch_;
+      note_success_locked();
+      if (push) ++sync_steps_;
+    } else {
+      chained_->settle(job->step, nullptr);
+      if (!stale) ++epoch_;
+      if (!stale && job->error) {
+        job->failed = true;
+        note_failure_locked(*job->error);
+        if (push) ++sync_failures_;
+      }
+    }
+    job->settled = true;
+  }
+  counters_ = backend_->counters();
+}
+
 uint64_t CloudLink::begin(const std::vector<TokenId>& history, const CloudOp& op,
-                          std::string* why) {
+                          std::vector<TokenId> guess, std::string* why) {
   std::lock_guard lock(mu_);
   if (disabled_) {
     if (why) *why = "cloud disabled: " + last_error_;
@@ -127,20 +257,65 @@ uint64_t CloudLink::begin(const std::vector<TokenId>& history, const CloudOp& op
     if (why) *why = "cloud recovering, probing in the background after: " + last_error_;
     return 0;
   }
-  const uint64_t id = next_id_++;
   pending_sync_.reset();  // the request carries the history: a queued push is redundant
+  start_conversation_locked();
+  if (chaining_locked()) return chain_locked(history, op, std::move(guess));
+  return begin_plain_locked(history, op);
+}
+
+uint64_t CloudLink::begin_plain_locked(const std::vector<TokenId>& history, const CloudOp& op) {
+  const uint64_t id = next_id_++;
   pending_request_ = Pending{id, history, op};
   awaited_id_ = id;
-  // The worker may first finish a sync in flight; the HTTP timeout bounds both, this bounds
-  // the wait (a little over one timeout so that the HTTP layer reports its own error first).
-  awaited_deadline_ = Clock::now() + std::chrono::microseconds(
-                                         static_cast<long>(options_.timeout_s * 1.05e6 + 50e3));
+  // The worker may first finish a sync in flight (or let the chain drain); the HTTP timeout
+  // bounds that, this bounds the wait.
+  awaited_deadline_ = deadline_from_now();
   cv_work_.notify_one();
   return id;
 }
 
 std::optional<CloudStepResult> CloudLink::wait(uint64_t id, std::string* why) {
   std::unique_lock lock(mu_);
+  if (const auto it = tickets_.find(id); it != tickets_.end()) {
+    const std::shared_ptr<ChainJob> job = it->second;
+    return collect_locked(lock, job, why);
+  }
+  return wait_plain_locked(lock, id, why);
+}
+
+// A chained consultation's outcome: its answer; a failure; or, when the server refused it as
+// out of order or an earlier step's failure made it stale, the same consultation again as a
+// plain step once the chain has drained.
+std::optional<CloudStepResult> CloudLink::collect_locked(std::unique_lock<std::mutex>& lock,
+                                                         const std::shared_ptr<ChainJob>& job,
+                                                         std::string* why) {
+  cv_done_.wait_until(lock, job->deadline, [&] { return job->settled || stop_; });
+  tickets_.erase(job->ticket);
+  if (!job->settled) {
+    ++epoch_;  // its answer, when it comes, no longer counts; nor does any later step's
+    const CloudError e(
+        CloudError::Kind::Unavailable,
+        "the cloud did not answer within " + std::to_string(options_.timeout_s) + " s");
+    note_failure_locked(e);
+    if (why) *why = e.what();
+    return std::nullopt;
+  }
+  if (job->valid) return std::move(job->answer);
+  if (job->failed || stop_) {
+    if (why) *why = job->error ? job->error->what() : "the cloud link is closing";
+    return std::nullopt;
+  }
+  const uint64_t again = begin_plain_locked(job->step.history, job->step.op);
+  return wait_plain_locked(lock, again, why);
+}
+
+void CloudLink::abandon(uint64_t id) {
+  std::lock_guard lock(mu_);
+  tickets_.erase(id);
+}
+
+std::optional<CloudStepResult> CloudLink::wait_plain_locked(std::unique_lock<std::mutex>& lock,
+                                                            uint64_t id, std::string* why) {
   const bool done = id == awaited_id_ && cv_done_.wait_until(lock, awaited_deadline_, [&] {
     return done_id_ >= id || stop_;
   });
@@ -163,13 +338,18 @@ std::optional<CloudStepResult> CloudLink::wait(uint64_t id, std::string* why) {
 
 bool CloudLink::answered(uint64_t id) const {
   std::lock_guard lock(mu_);
+  if (const auto it = tickets_.find(id); it != tickets_.end()) {
+    return it->second->settled || stop_ || Clock::now() >= it->second->deadline;
+  }
   return id != awaited_id_ || done_id_ >= id || stop_ || Clock::now() >= awaited_deadline_;
 }
 
 void CloudLink::worker() {
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_work_.wait(lock, [&] { return stop_ || pending_request_ || pending_sync_; });
+    // Plain steps wait until no chained step is out: they need the backend to themselves.
+    cv_work_.wait(lock,
+                  [&] { return stop_ || ((pending_request_ || pending_sync_) && chain_.empty()); });
     if (stop_) break;
     if (pending_request_) {
       Pending job = std::move(*pending_request_);

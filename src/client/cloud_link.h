@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/chained_backend.h"
 #include "tandem/client.h"
 
 namespace tandem {
@@ -47,12 +50,19 @@ class CloudLink {
   // request() in two halves, so that the decoder can go on decoding while the cloud thinks:
   // begin() queues the consultation and returns its ticket (0, with *why, when it is refused at
   // once: disabled, backing off, recovering); wait() collects its answer, waiting at most until
-  // the timeout counted from begin(). One consultation at a time: a begin() replaces one that
-  // nobody waited for.
-  uint64_t begin(const std::vector<TokenId>& history, const CloudOp& op, std::string* why);
+  // the timeout counted from begin(). `guess` is the answer the decoder assumes while it waits.
+  // A server that queues a session's steps lets several consultations be out at once, each
+  // on its own connection (chained, client/chained_backend.h; can_begin_another() says when);
+  // otherwise one at a time: a begin() replaces one that nobody waited for.
+  uint64_t begin(const std::vector<TokenId>& history, const CloudOp& op, std::vector<TokenId> guess,
+                 std::string* why);
   std::optional<CloudStepResult> wait(uint64_t ticket, std::string* why);
   // True when wait(ticket) would return at once (answered, failed, timed out or replaced).
   bool answered(uint64_t ticket) const;
+  // The decoder no longer wants ticket's answer (it went back past its position).
+  void abandon(uint64_t ticket);
+  // True when another consultation may begin while the ones begun are still out.
+  bool can_begin_another() const;
 
   // False while backing off after a failure or after a fatal error.
   bool ready() const;
@@ -69,7 +79,33 @@ class CloudLink {
     std::vector<TokenId> history;
     CloudOp op;
   };
+  // A step of the chain, from begin() (or sync()) until its ticket is collected.
+  struct ChainJob {
+    uint64_t ticket = 0;
+    ChainedStep step;
+    uint64_t epoch = 0;  // the chain it belongs to: stale once epoch_ moved on
+    bool running = false, done = false, settled = false;
+    std::optional<CloudStepResult> answer;  // done: the answer, or nullopt
+    bool refused = false;                   // done without answer: out of order, not a failure
+    std::optional<CloudError> error;        // done without answer: the failure
+    bool valid = false;                     // settled: the answer stands
+    bool failed = false;                    // settled: the step itself failed (not stale)
+    std::chrono::steady_clock::time_point deadline{};
+  };
   void worker();
+  void lane(int index);
+  bool chaining_locked() const;
+  void start_conversation_locked();
+  uint64_t chain_locked(const std::vector<TokenId>& history, const CloudOp& op,
+                        std::vector<TokenId> guess);
+  void settle_locked();
+  std::optional<CloudStepResult> collect_locked(std::unique_lock<std::mutex>& lock,
+                                                const std::shared_ptr<ChainJob>& job,
+                                                std::string* why);
+  std::chrono::steady_clock::time_point deadline_from_now() const;
+  uint64_t begin_plain_locked(const std::vector<TokenId>& history, const CloudOp& op);
+  std::optional<CloudStepResult> wait_plain_locked(std::unique_lock<std::mutex>& lock, uint64_t id,
+                                                   std::string* why);
   void note_failure_locked(const CloudError& e);
   void note_success_locked();
 
@@ -94,6 +130,14 @@ class CloudLink {
   std::string last_error_;
   CloudCounters counters_;
   std::mt19937_64 jitter_{std::random_device{}()};
+  // Chained steps: the backend's chaining side (null: none), the steps not yet settled in chain
+  // order, the tickets the decoder may still collect, the chain's epoch, the lane threads.
+  ChainedBackend* chained_ = nullptr;
+  std::deque<std::shared_ptr<ChainJob>> chain_;
+  std::map<uint64_t, std::shared_ptr<ChainJob>> tickets_;
+  uint64_t epoch_ = 0;
+  std::condition_variable cv_lane_;
+  std::vector<std::thread> lanes_;
   std::thread thread_;
 };
 

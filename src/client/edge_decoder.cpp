@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -211,8 +212,8 @@ struct EdgeDecoder::Turn {
         going = false;
       }
       if (!going) {
-        // The answer ends here unless the consultation still out says otherwise.
-        if (!flight) break;
+        // The answer ends here unless a consultation still out says otherwise.
+        if (flights.empty()) break;
         going = resolve() == Resolved::Rewound;
         continue;
       }
@@ -226,7 +227,11 @@ struct EdgeDecoder::Turn {
   bool step() {
     // An answer that is in settles its position now, not at the next routed position: confirmed
     // tokens stream out at once, and fewer tokens are decoded past an answer that changes them.
-    if (flight && d.link_->answered(flight->ticket) && resolve() == Resolved::Ended) return false;
+    while (!flights.empty() && d.link_->answered(flights.front().ticket)) {
+      const Resolved first = resolve();
+      if (first == Resolved::Ended) return false;
+      if (first == Resolved::Rewound) break;
+    }
     switch (d.options_.mode) {
       case EdgeMode::Local:
         return emit(d.sample_local(), TokenSource::Local, 0.0f);
@@ -250,7 +255,7 @@ struct EdgeDecoder::Turn {
   }
   // How the answer ends; with a consultation in flight only how the assumed answer would.
   void end(StopReason why) {
-    if (flight) {
+    if (!flights.empty()) {
       held_stop = why;
     } else {
       res.stop = why;
@@ -268,7 +273,7 @@ struct EdgeDecoder::Turn {
     d.history_.push_back(id);
     d.sampler_.accept(id);
     const EdgeToken token{id, source, score, edge_top1, fallback, decided_threshold};
-    if (flight) {
+    if (!flights.empty()) {
       held.push_back(Held{token, d.router_, d.sampler_.state(), d.history_.size()});
     } else if (!publish(token)) {
       res.stop = StopReason::Callback;
@@ -323,7 +328,7 @@ struct EdgeDecoder::Turn {
 
   void maybe_sync(bool force) {
     // While a consultation is out, it carries the history, and what lies past it is unsettled.
-    if (!use_cloud || !d.options_.sync_ahead || flight) return;
+    if (!use_cloud || !d.options_.sync_ahead || !flights.empty()) return;
     if (!force && d.history_.size() < synced + static_cast<size_t>(d.options_.sync_every)) return;
     d.link_->sync(d.history_);
     synced = d.history_.size();
@@ -375,10 +380,10 @@ struct EdgeDecoder::Turn {
       d.router_.record(false, 1);
       return emit_local(score, false);
     }
-    if (flight) {
-      // A second routed position while the first is out: wait for the first (depth 1). Its
-      // answer either stands (this position then goes out as usual) or rewinds past this
-      // position (this decision was then never taken).
+    // Another routed position while answers are out goes out too when the link can take it;
+    // otherwise it waits for the earliest. That answer either stands (this position then goes
+    // out as usual) or rewinds past this position (this decision was then never taken).
+    while (!flights.empty() && !room_for_another()) {
       const Resolved first = resolve();
       if (first != Resolved::Confirmed) return first == Resolved::Rewound;
     }
@@ -390,13 +395,13 @@ struct EdgeDecoder::Turn {
       if (r) count_agreement(!r->tokens.empty() && r->tokens[0] == edge_guess);
       return take_answer(r, score, edge_guess);
     }
-    std::string why;
-    const uint64_t ticket = d.link_->begin(d.history_, op, &why);
-    if (ticket == 0) {
-      note_failure(why);
-      return take_answer(std::nullopt, score, edge_guess);
-    }
-    return route_ahead(ticket, op.n_generate, score, edge_guess);
+    return route_ahead(op, score, edge_guess);
+  }
+
+  // Consultations out at once, at most: a sync and this many fill a server's session queue.
+  static constexpr size_t kMaxFlights = 2;
+  bool room_for_another() const {
+    return flights.size() < kMaxFlights && d.link_->can_begin_another();
   }
 
   void count_agreement(bool same) { ++(same ? st.route_confirmed : st.route_changed); }
@@ -413,23 +418,27 @@ struct EdgeDecoder::Turn {
     return emit_local(score, true);
   }
 
-  // Pipelined: the request is out. Go on as if the cloud answered the device's own greedy
-  // continuation, holding its tokens and every later one back until the answer is in.
-  bool route_ahead(uint64_t ticket, int n, float score, TokenId edge_guess) {
-    flight.emplace(Flight{ticket,
-                          d.history_.size(),
-                          d.router_,
-                          d.sampler_.state(),
-                          d.logits_,
-                          d.hidden_,
-                          score,
-                          decided_threshold,
-                          edge_guess,
-                          greedy_chain(edge_guess, n),
-                          {},
-                          Clock::now()});
-    d.router_.record(true, static_cast<int>(flight->guess.size()));
-    return emit_cloud(flight->guess, score, 0, edge_guess);
+  // Pipelined: the request goes out and the decoder goes on as if the cloud answered the
+  // device's own greedy continuation, holding its tokens and every later one back until the
+  // answer is in.
+  bool route_ahead(const CloudOp& op, float score, TokenId edge_guess) {
+    Flight f{0,          d.history_.size(),
+             d.router_,  d.sampler_.state(),
+             d.logits_,  d.hidden_,
+             score,      decided_threshold,
+             edge_guess, {},
+             {},         {}};
+    f.guess = greedy_chain(edge_guess, op.n_generate);
+    std::string why;
+    f.ticket = d.link_->begin(d.history_, op, f.guess, &why);
+    if (f.ticket == 0) {
+      note_failure(why);
+      return take_answer(std::nullopt, score, edge_guess);
+    }
+    f.sent = Clock::now();
+    flights.push_back(std::move(f));
+    d.router_.record(true, static_cast<int>(flights.back().guess.size()));
+    return emit_cloud(flights.back().guess, score, 0, edge_guess);
   }
 
   // The small model's greedy continuation of up to n tokens from here, starting with `first`
@@ -447,14 +456,15 @@ struct EdgeDecoder::Turn {
     return chain;
   }
 
-  // Waits for the answer in flight. The tokens assumed: the held tokens are published
-  // (Confirmed, or Ended when the assumed answer ended there or the callback stopped it).
-  // Otherwise everything goes back to the routed position and the answer -- or, when the cloud
-  // failed, the device's fallback token -- goes in as blocking route mode takes it (Rewound, or
-  // Ended when that ends the answer).
+  // Waits for the earliest answer out. The tokens assumed: the held tokens up to the next
+  // consultation's position are published (Confirmed, or Ended when the assumed answer ended
+  // there or the callback stopped it). Otherwise everything goes back to the consulted position,
+  // the later consultations are dropped, and the answer -- or, when the cloud failed, the
+  // device's fallback token -- goes in as the blocking mode takes it (Rewound, or Ended when
+  // that ends the answer).
   Resolved resolve() {
-    Flight f = std::move(*flight);
-    flight.reset();
+    Flight f = std::move(flights.front());
+    flights.pop_front();
     std::string why;
     const auto t0 = Clock::now();
     const std::optional<CloudStepResult> r = d.link_->wait(f.ticket, &why);
@@ -464,11 +474,15 @@ struct EdgeDecoder::Turn {
       note_answer(*r);
       count_agreement(r->tokens == f.guess);
       if (!f.drafts.empty()) st.accepted_drafts += r->accepted;
-      if (r->tokens == f.guess) return publish_held() ? Resolved::Confirmed : Resolved::Ended;
+      if (r->tokens == f.guess) {
+        const size_t upto = flights.empty() ? SIZE_MAX : flights.front().pos;
+        return publish_held(upto) ? Resolved::Confirmed : Resolved::Ended;
+      }
     } else {
       note_failure(why);
     }
     const std::vector<TokenId> ahead(d.history_.begin() + f.pos, d.history_.end());
+    drop_flights();
     rewind(f);
     const bool going =
         f.drafts.empty() ? take_answer(r, f.score, f.edge_guess) : take_verdict(r, f.drafts);
@@ -476,25 +490,35 @@ struct EdgeDecoder::Turn {
     return going ? Resolved::Rewound : Resolved::Ended;
   }
 
-  // Publishes the held tokens in order; false when the answer ends with them (the assumed
-  // answer ended there, or the callback stopped it at one: the decoder is then put back to just
-  // after that token, where blocking mode would have stopped).
-  bool publish_held() {
-    std::vector<Held> tokens = std::move(held);
-    held.clear();
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (publish(tokens[i].token)) continue;
-      d.router_ = std::move(tokens[i].router);
-      d.sampler_.restore(std::move(tokens[i].sampler));
-      d.history_.resize(tokens[i].history_len);
-      st.wasted_tokens += static_cast<int>(tokens.size() - i - 1);
+  // Publishes the held tokens in order, up to the history length `upto` (where the next
+  // consultation out was sent; later ones stay held); false when the answer ends with them (the
+  // assumed answer ended there, or the callback stopped it at one: the decoder is then put back
+  // to just after that token, where the blocking mode would have stopped).
+  bool publish_held(size_t upto) {
+    size_t n = 0;
+    while (n < held.size() && held[n].history_len <= upto) ++n;
+    for (size_t i = 0; i < n; ++i) {
+      if (publish(held[i].token)) continue;
+      d.router_ = std::move(held[i].router);
+      d.sampler_.restore(std::move(held[i].sampler));
+      d.history_.resize(held[i].history_len);
+      st.wasted_tokens += static_cast<int>(held.size() - i - 1);
+      held.clear();
+      drop_flights();
       res.stop = StopReason::Callback;
       held_stop.reset();
       return false;
     }
-    if (!held_stop) return true;
+    held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n));
+    if (!flights.empty() || !held_stop) return true;
     res.stop = *std::exchange(held_stop, std::nullopt);
     return false;
+  }
+
+  // The consultations still out were built on a guess that did not hold: nobody waits for them.
+  void drop_flights() {
+    for (const Flight& f : flights) d.link_->abandon(f.ticket);
+    flights.clear();
   }
 
   // Back to f's position: the conversation, the router (after its decision there), the sampler,
@@ -557,25 +581,22 @@ struct EdgeDecoder::Turn {
   // block goes out and the device goes on as if every draft and its own next token were taken,
   // drafting the next block while this one is verified (docs/client.md, "Pipelined routing").
   bool step_speculative() {
-    std::vector<TokenId> drafts;
-    if (flight) {
-      // The block out is unanswered: draft the next one now, then settle the first. Drafts of a
-      // block the answer rewinds past go with the rewind (the KV is cut back).
-      drafts = draft(remaining());
+    if (flights.empty() && !(d.link_ && d.link_->ready())) return take_verdict(std::nullopt, {});
+    // With blocks out, this one is drafted before anything is waited for; the drafts of a block
+    // that an answer rewinds past go with the rewind (the KV is cut back).
+    std::vector<TokenId> drafts = draft(remaining());
+    const bool chains = !drafts.empty() && !d.model_.is_end_of_generation(drafts.back());
+    while (!flights.empty() && !(chains && room_for_another())) {
       const Resolved first = resolve();
       if (first != Resolved::Confirmed) return first == Resolved::Rewound;
-      if (!d.link_->ready()) return take_verdict(std::nullopt, {});
-    } else if (d.link_ && d.link_->ready()) {
-      drafts = draft(remaining());
-    } else {
-      return take_verdict(std::nullopt, {});
+      if (flights.empty() && !d.link_->ready()) return take_verdict(std::nullopt, {});
     }
     if (drafts.empty()) return take_verdict(consult(generate_op(1)), {});
     st.drafted += static_cast<int>(drafts.size());
     CloudOp op;
     op.kind = CloudOpKind::Verify;
     op.draft = drafts;
-    if (!d.options_.pipeline || d.model_.is_end_of_generation(drafts.back())) {
+    if (!d.options_.pipeline || !chains) {
       std::optional<CloudStepResult> r = consult(op);
       if (r) st.accepted_drafts += r->accepted;
       return take_verdict(r, drafts);
@@ -602,22 +623,23 @@ struct EdgeDecoder::Turn {
     const size_t pos = d.history_.size();
     Flight f{0,  pos, d.router_, d.sampler_.state(), {}, {}, 0.0f, decided_threshold, -1,
              {}, {},  {}};
-    // The logits at pos: drafting moved them on; the KV still holds pos's row.
+    // The logits at pos are not kept (drafting moved them on): a rewind recomputes them.
     d.history_.insert(d.history_.end(), drafts.begin(), drafts.end());
     d.ensure_local_logits();  // decodes the last draft: the small model's next token
     f.guess = drafts;
     f.guess.push_back(argmax(d.logits_));
     d.history_.resize(pos);
     std::string why;
-    f.ticket = d.link_->begin(d.history_, op, &why);
+    f.ticket = d.link_->begin(d.history_, op, f.guess, &why);
     if (f.ticket == 0) {
       note_failure(why);
       return take_verdict(std::nullopt, drafts);
     }
     f.drafts = std::move(drafts);
     f.sent = Clock::now();
-    flight.emplace(std::move(f));
-    return emit_cloud(flight->guess, 0.0f, static_cast<int>(flight->drafts.size()), -1);
+    flights.push_back(std::move(f));
+    const Flight& out = flights.back();
+    return emit_cloud(out.guess, 0.0f, static_cast<int>(out.drafts.size()), -1);
   }
 
   bool step_cloud() {
@@ -649,6 +671,7 @@ struct EdgeDecoder::Turn {
     st.bytes_up = c1.bytes_up - c0.bytes_up;
     st.bytes_down = c1.bytes_down - c0.bytes_down;
     st.replays = c1.replays - c0.replays;
+    st.chained_steps = c1.chained_steps - c0.chained_steps;
     st.sync_steps = d.link_->sync_steps() - sync0;
     st.sync_failures = d.link_->sync_failures() - syncfail0;
     st.cloud_failures = d.link_->failures() - fail0;
@@ -673,7 +696,7 @@ struct EdgeDecoder::Turn {
   // The threshold the current route decision was taken against; every token it produces carries
   // it (EdgeToken::threshold). Stays NaN outside route mode.
   double decided_threshold = std::numeric_limits<double>::quiet_NaN();
-  std::optional<Flight> flight;         // pipelined route mode: the consultation out
+  std::deque<Flight> flights;           // pipelined: the consultations out, earliest first
   std::vector<Held> held;               // tokens decoded past it, not yet published
   std::optional<StopReason> held_stop;  // how the assumed answer ends, when it does
 };

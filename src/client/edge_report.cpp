@@ -44,6 +44,7 @@ nlohmann::json edge_stats_json(const EdgeStats& s) {
   j["route_confirmed"] = s.route_confirmed;
   j["route_changed"] = s.route_changed;
   j["wasted_tokens"] = s.wasted_tokens;
+  j["chained_steps"] = s.chained_steps;
   j["cloud_lost"] = s.cloud_lost;
   j["total_ms"] = s.total_ms;
   if (!s.last_cloud_error.empty()) j["last_cloud_error"] = s.last_cloud_error;

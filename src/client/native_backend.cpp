@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "client/chained_backend.h"
 #include "client/cloud_answer.h"
 #include "common/error.h"
 #include "net/http_client.h"
@@ -27,6 +28,9 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 
 constexpr const char* kSessions = "/tandem/v1/sessions";
+// Connections for chained steps: a sync and two consultations in flight at once, which is what
+// a server's session queue holds (one running, max_queued_steps = 2 waiting).
+constexpr int kLanes = 3;
 
 // "general.name (file.gguf)": both, as either may be what the user recognises.
 std::string edge_model_name(const Model& m) {
@@ -35,18 +39,26 @@ std::string edge_model_name(const Model& m) {
   return m.info().name + " (" + file + ")";
 }
 
-class NativeBackend : public CloudBackend {
+net::HttpOptions http_options(const CloudOptions& o) {
+  return net::HttpOptions{.insecure = o.insecure,
+                          .ca_file = o.ca_file,
+                          .api_key = o.api_key,
+                          .max_body_bytes = o.max_answer_bytes};
+}
+
+class NativeBackend : public CloudBackend, public ChainedBackend {
  public:
   NativeBackend(const CloudOptions& options, const Model& edge)
       : options_(options),
-        http_(net::parse_url(options.url),
-              net::HttpOptions{.insecure = options.insecure,
-                               .ca_file = options.ca_file,
-                               .api_key = options.api_key,
-                               .max_body_bytes = options.max_answer_bytes}),
+        http_(net::parse_url(options.url), http_options(options)),
         edge_name_(edge_model_name(edge)),
         edge_n_vocab_(edge.vocab_size()),
-        edge_hash_(edge.info().vocab_hash) {}
+        edge_hash_(edge.info().vocab_hash) {
+    for (int i = 0; i < kLanes; ++i) {
+      lanes_.push_back(
+          std::make_unique<net::HttpClient>(net::parse_url(options.url), http_options(options)));
+    }
+  }
 
   std::string name() const override {
     return "tandem " + http_.url().origin() + http_.url().prefix;
@@ -72,7 +84,10 @@ class NativeBackend : public CloudBackend {
     drop_session();
   }
 
-  void abort() noexcept override { http_.abort(); }
+  void abort() noexcept override {
+    http_.abort();
+    for (auto& lane : lanes_) lane->abort();
+  }
 
   // The next history need not extend this one. A server that can rewind keeps the session
   // (the next step cuts it back to the shared prefix: a few-shot prompt is not prefilled again);
@@ -87,7 +102,78 @@ class NativeBackend : public CloudBackend {
     CloudCounters c = counters_;
     c.bytes_up = http_.bytes_sent();
     c.bytes_down = http_.bytes_received();
+    for (const auto& lane : lanes_) {
+      c.bytes_up += lane->bytes_sent();
+      c.bytes_down += lane->bytes_received();
+    }
     return c;
+  }
+
+  // ---- chained steps (client/chained_backend.h) ----
+
+  int chain_lanes() const override {
+    return can_queue_ && can_rewind_ && !session_.empty() ? kLanes : 0;
+  }
+
+  // The step that takes the session from what the chain so far leaves (chain_) to `history`, then
+  // does `op`; the chain then assumes the session holds history + guess. A history that does not
+  // extend the chain (another prompt) cuts the session back to their shared prefix.
+  ChainedStep chain(std::span<const TokenId> history, const CloudOp& op,
+                    std::vector<TokenId> guess) override {
+    if (outstanding_ == 0) chain_ = mirror_;
+    size_t from = chain_.size();
+    bool cut = rewind_pending_;
+    if (!extends(history, chain_)) {
+      from = common_prefix(chain_, history);
+      cut = true;
+      ++counters_.rewinds;
+    }
+    json body = step_body(history, op, from, cut);
+    body["queue"] = true;
+    ++counters_.chained_steps;
+    rewind_pending_ = false;
+    chain_.assign(history.begin(), history.end());
+    chain_.insert(chain_.end(), guess.begin(), guess.end());
+    ++outstanding_;
+    return ChainedStep{
+        session_,         body.dump(), std::vector<TokenId>(history.begin(), history.end()),
+        std::move(guess), op,          from};
+  }
+
+  std::optional<CloudStepResult> run_chained(int lane, const ChainedStep& step) override {
+    return cloud::only_cloud_errors("cloud step", [&]() -> std::optional<CloudStepResult> {
+      const std::string what = "cloud step at position " + std::to_string(step.from);
+      const net::HttpResponse r = send_on(*lanes_.at(static_cast<size_t>(lane)), "POST",
+                                          kSessions + ("/" + step.session + "/step"), step.body);
+      if (r.status == 409 || r.status == 410) return std::nullopt;
+      if (r.status != 200) throw cloud::status_error(r, what);
+      CloudStepResult out = parse_step(r, what, step.op, step.history.size());
+      if (out.pos != static_cast<int>(step.history.size() + out.tokens.size())) {
+        throw CloudError(CloudError::Kind::Unavailable,
+                         what + ": the server says pos " + std::to_string(out.pos) +
+                             " after the step, the edge counts " +
+                             std::to_string(step.history.size() + out.tokens.size()));
+      }
+      return out;
+    });
+  }
+
+  // What the server surely holds after the step: its history and answer; after a step with no
+  // (usable) answer, only what lies before anything it could have written.
+  void settle(const ChainedStep& step, const CloudStepResult* answer) override {
+    --outstanding_;
+    if (answer) {
+      mirror_ = step.history;
+      mirror_.insert(mirror_.end(), answer->tokens.begin(), answer->tokens.end());
+      ++counters_.steps;
+      if (answer->tokens == step.guess) return;
+    } else {
+      mirror_.resize(std::min(mirror_.size(), step.from));
+    }
+    // Later steps were built on a guess that did not hold: whatever they write lies past the
+    // mirror, and the next step cuts it away.
+    chain_ = mirror_;
+    rewind_pending_ = true;
   }
 
  private:
@@ -101,7 +187,8 @@ class NativeBackend : public CloudBackend {
       const std::string what = "cloud step at position " + std::to_string(from);
       net::HttpResponse r;
       try {
-        r = send("POST", kSessions + ("/" + session_ + "/step"), step_body(history, op).dump());
+        r = send("POST", kSessions + ("/" + session_ + "/step"),
+                 step_body(history, op, mirror_.size(), rewind_pending_).dump());
       } catch (const CloudError&) {
         // Unknown outcome: the server applied all of the step or none of it.
         mirror_.assign(history.begin(), history.end());
@@ -137,10 +224,7 @@ class NativeBackend : public CloudBackend {
     }
     if (extends(history, mirror_)) return;
     if (can_rewind_) {
-      const size_t common = static_cast<size_t>(
-          std::mismatch(mirror_.begin(), mirror_.end(), history.begin(), history.end()).first -
-          mirror_.begin());
-      mirror_.resize(common);
+      mirror_.resize(common_prefix(mirror_, history));
       rewind_pending_ = true;
       ++counters_.rewinds;
     } else {
@@ -152,11 +236,10 @@ class NativeBackend : public CloudBackend {
 
   // The step request (docs/protocol.md): {"expected_pos", "rewind_to"?, "append": [what the
   // server lacks of history], and "generate": {...} or "verify": {"draft": [...]} by op}.
-  json step_body(std::span<const TokenId> history, const CloudOp& op) const {
-    const size_t from = mirror_.size();
+  json step_body(std::span<const TokenId> history, const CloudOp& op, size_t from, bool cut) const {
     json body;
     body["expected_pos"] = from;
-    if (rewind_pending_) body["rewind_to"] = from;
+    if (cut) body["rewind_to"] = from;
     body["append"] = std::vector<TokenId>(history.begin() + from, history.end());
     if (op.kind == CloudOpKind::Generate) {
       json g;
@@ -227,6 +310,10 @@ class NativeBackend : public CloudBackend {
     }
   }
 
+  static size_t common_prefix(const std::vector<TokenId>& a, std::span<const TokenId> b) {
+    return static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first -
+                               a.begin());
+  }
   static bool extends(std::span<const TokenId> history, const std::vector<TokenId>& prefix) {
     return prefix.size() <= history.size() &&
            std::equal(prefix.begin(), prefix.end(), history.begin());
@@ -244,9 +331,13 @@ class NativeBackend : public CloudBackend {
   }
 
   net::HttpResponse send(const char* method, const std::string& target, const std::string& body) {
+    return send_on(http_, method, target, body);
+  }
+  net::HttpResponse send_on(net::HttpClient& http, const char* method, const std::string& target,
+                            const std::string& body) const {
     try {
-      return http_.request(method, target, body,
-                           milliseconds(static_cast<long>(options_.timeout_s * 1000)));
+      return http.request(method, target, body,
+                          milliseconds(static_cast<long>(options_.timeout_s * 1000)));
     } catch (const net::NetError& e) {
       // An untrusted certificate does not heal by retrying: stop and say what to do.
       if (e.kind() == net::NetError::Kind::Tls &&
@@ -319,9 +410,12 @@ class NativeBackend : public CloudBackend {
           static_cast<int>(cloud::int_field_or(l, "max_generate", what, 0, INT_MAX, 0));
       info.max_draft = static_cast<int>(cloud::int_field_or(l, "max_draft", what, 0, INT_MAX, 0));
     }
-    can_rewind_ = false;
+    can_rewind_ = can_queue_ = false;
     if (const auto f = j.find("features"); f != j.end() && f->is_array()) {
-      for (const json& name : *f) can_rewind_ |= name.is_string() && name == "rewind";
+      for (const json& name : *f) {
+        can_rewind_ |= name.is_string() && name == "rewind";
+        can_queue_ |= name.is_string() && name == "queue";
+      }
     }
   }
 
@@ -375,7 +469,13 @@ class NativeBackend : public CloudBackend {
   bool opened_before_ = false;
   bool fresh_conversation_ = false;  // new_conversation() was called: the next open is no replay
   bool can_rewind_ = false;          // the server lists "rewind" (a step's rewind_to)
+  bool can_queue_ = false;           // the server lists "queue" (a session's steps wait in turn)
   bool rewind_pending_ = false;      // the next step cuts the session to mirror_.size() first
+  // Chained steps: a connection per lane; the history the server holds once every step sent
+  // and not yet settled is answered as guessed; how many those are.
+  std::vector<std::unique_ptr<net::HttpClient>> lanes_;
+  std::vector<TokenId> chain_;
+  int outstanding_ = 0;
 };
 
 }  // namespace

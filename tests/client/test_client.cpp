@@ -1002,6 +1002,7 @@ RouteTrace route_trace(const Model& edge, const EdgeOptions& o, const std::strin
     t.stats.wasted_tokens += r.stats.wasted_tokens;
     t.stats.accepted_drafts += r.stats.accepted_drafts;
     t.stats.drafted += r.stats.drafted;
+    t.stats.chained_steps += r.stats.chained_steps;
   }
   return t;
 }

@@ -1,0 +1,51 @@
+// Chained steps: how a backend keeps several steps of one cloud session in flight at once
+// (docs/client.md, "Pipelined routing"; docs/protocol.md, "How the edge orders its steps").
+//
+// A chained step is built on the decoder's side in the order the steps are sent, on the
+// assumption that every step built before it is answered as the edge guessed (a sync: applied; a
+// consultation: the device's own tokens). It then runs on a lane -- a connection of its own --
+// while the earlier ones are still out; the server runs a session's queued steps in the order
+// they arrive. The edge settles the steps in that same order: one answered as guessed keeps the
+// chain; one answered otherwise, failed or refused makes every later one stale, and the backend
+// falls back to the prefix of the history it knows the server holds, cutting the session back
+// there (rewind_to) with its next step.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tandem/client.h"
+
+namespace tandem {
+
+struct ChainedStep {
+  std::string session;           // the session it was built for
+  std::string body;              // the request (JSON)
+  std::vector<TokenId> history;  // the edge's history that the step brings the session to
+  std::vector<TokenId> guess;    // the answer the edge assumes (empty: a sync, or no guess)
+  CloudOp op;
+  size_t from = 0;  // where its append (after any cut) starts: it writes nothing before this
+};
+
+class ChainedBackend {
+ public:
+  virtual ~ChainedBackend() = default;
+  // Steps that may be in flight at once: 0 while chaining is impossible (the server does not
+  // queue a session's steps, or no session is open: the plain step() opens one). Not while a
+  // plain step() runs.
+  virtual int chain_lanes() const = 0;
+  // Builds the next step of the chain. Not while a plain step() runs; not thread-safe.
+  virtual ChainedStep chain(std::span<const TokenId> history, const CloudOp& op,
+                            std::vector<TokenId> guess) = 0;
+  // Runs a step on lane `lane`'s connection; any thread, one step per lane at a time. The answer
+  // (checked as step() checks it); nullopt when the server refused the step as out of order or
+  // the session is gone (409, 410): do it again with step(). Throws CloudError.
+  virtual std::optional<CloudStepResult> run_chained(int lane, const ChainedStep& step) = 0;
+  // Settles a step, in chain order: its answer, or nullptr when it failed, was refused, or is
+  // stale (an earlier step was not answered as guessed). Not thread-safe.
+  virtual void settle(const ChainedStep& step, const CloudStepResult* answer) = 0;
+};
+
+}  // namespace tandem
