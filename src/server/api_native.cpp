@@ -178,7 +178,8 @@ class StepJob : public Job {
   bool on_feed_done() override {
     if (req_.kind == StepKind::Generate) {
       const int n_ctx = sched_.options().n_ctx;
-      if (!stop_.empty()) return false;
+      // A cancel may stop the history before the first token (the job then ends cancelled).
+      if (!stop_.empty() || tokens_.empty()) return false;
       if (static_cast<int>(tokens_.size()) >= req_.n) return false;
       if (pos_ >= n_ctx) {
         stop_ = "context";
