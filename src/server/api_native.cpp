@@ -4,6 +4,7 @@
 // tokenizes, so the router runs it on the I/O thread.
 #include <algorithm>
 #include <chrono>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 
 #include "server/api_internal.h"

@@ -9,8 +9,10 @@
 // the other jobs in arrival order, runs one Context::decode, and hands every job its rows.
 //
 // Sessions (the native protocol's stateful conversations) live here too: their history, how much
-// of it is in the KV cache, when they were last used. All session state is guarded by one mutex;
-// the engine thread is the only one that touches the Context.
+// of it is in the KV cache, when they were last used, the step that holds the session and the
+// steps queued behind it (waiting_: they take a place in the queue but join pending_ only when
+// their turn comes). All session state is guarded by one mutex; the engine thread is the only
+// one that touches the Context.
 #pragma once
 
 #include <atomic>
@@ -243,6 +245,8 @@ class Scheduler {
 
   void engine_loop();
   void admit_locked(std::vector<std::shared_ptr<Job>>& admitted);
+  // One queued job: it gets its slot and KV room (Admitted), is answered and leaves the queue
+  // (Ended: client gone, session lost, no room), or stays queued (Wait: stateless slots busy).
   enum class Admission { Admitted, Ended, Wait };
   Admission admit_one_locked(Job& job, uint64_t cap_tokens);
   // admit_locked's steps for one queued job. A session's step gets KV room in its own slot

@@ -32,6 +32,16 @@ std::string model_path() {
   return testdata_path("models/synth-llama-Q8_0.gguf");
 }
 
+const char* kAliceKey = "alice-key-0123456789";
+const char* kBobKey = "bob-key-0123456789";
+
+// A key file with the clients alice and bob, for --api-key-file.
+std::string key_file() {
+  const auto path = std::filesystem::path(::testing::TempDir()) / "pipeline-keys.txt";
+  std::ofstream(path) << "alice " << kAliceKey << "\nbob " << kBobKey << "\n";
+  return path.string();
+}
+
 std::string new_session(TestClient& c) {
   const HttpResult r = c.post("/tandem/v1/sessions", json::object());
   EXPECT_EQ(r.status, 201) << r.body;
@@ -111,8 +121,8 @@ std::string error_code(const HttpResult& r) {
 // it), with the steps queue() sends waiting behind it.
 class BusySession {
  public:
-  explicit BusySession(const std::vector<std::string>& flags = kLong)
-      : server(model_path(), flags), c(server.client()), id(new_session(c)) {
+  explicit BusySession(const std::vector<std::string>& flags = kLong, const std::string& key = "")
+      : server(model_path(), flags, false, key), c(server.client()), id(new_session(c)) {
     first = std::make_unique<InFlight>(server, step_path(), long_step());
     EXPECT_TRUE(queue_reaches(c, 1)) << "the long step runs";
   }
@@ -247,12 +257,9 @@ TEST(Pipeline, CancelDropsWaitingStepsAndStopsTheRunningOne) {
 // The cancel body is checked like a step's; a cancel of another key's session or an unknown
 // one is 410, like a step on it.
 TEST(Pipeline, CancelChecksItsBodyAndTheSessionsOwner) {
-  const auto keys = std::filesystem::path(::testing::TempDir()) / "pipeline-keys.txt";
-  std::ofstream(keys) << "alice alice-key-0123456789\nbob bob-key-0123456789\n";
-  ServerProcess server(model_path(), {"--api-key-file", keys.string()}, false,
-                       "alice-key-0123456789");
+  ServerProcess server(model_path(), {"--api-key-file", key_file()}, false, kAliceKey);
   TestClient alice = server.client();
-  TestClient bob(server.port(), false, "bob-key-0123456789");
+  TestClient bob(server.port(), false, kBobKey);
   const std::string s = new_session(alice);
   const std::string cancel = session_path(s, "/cancel");
   for (const json& body : {json::object(), json{{"from_pos", -1}}, json{{"from_pos", "1"}},
@@ -268,7 +275,6 @@ TEST(Pipeline, CancelChecksItsBodyAndTheSessionsOwner) {
   r = alice.post(cancel, {{"from_pos", 0}});
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.j(), json({{"cancelled", 0}, {"pos", 0}}));
-  std::filesystem::remove(keys);
 }
 
 // A client that hangs up while its step waits drops the step (counted as a cancelled job); the
@@ -312,6 +318,17 @@ TEST(Pipeline, WaitingStepsCountAgainstTheQueue) {
   EXPECT_EQ(b.c.post(session_path(b.id, "/cancel"), {{"from_pos", 0}}).j()["cancelled"], 2);
   EXPECT_EQ(b.first->get().status, 409);
   EXPECT_EQ(waiting.get().status, 409);
+}
+
+// ... and places in its key's quota: with --max-queue-per-key 1 the running step fills it.
+TEST(Pipeline, WaitingStepsCountAgainstTheKeysQuota) {
+  std::vector<std::string> flags = kLong;
+  flags.insert(flags.end(), {"--api-key-file", key_file(), "--max-queue-per-key", "1"});
+  BusySession b(flags, kAliceKey);
+  const HttpResult over = b.c.post(b.step_path(), generate_step(kAfterLong, 1, true));
+  EXPECT_EQ(over.status, 429) << over.body;
+  EXPECT_EQ(error_code(over), "over_quota");
+  EXPECT_EQ(b.first->get().status, 200) << b.first->get().body;
 }
 
 // A session closed while a step waits: the running step finishes, the waiting one is answered
