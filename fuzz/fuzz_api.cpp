@@ -90,6 +90,7 @@ constexpr Route kRoutes[] = {
     {"POST", "/detokenize"},
     {"POST", "/tandem/v1/sessions"},
     {"POST", "/tandem/v1/sessions/{id}/step"},
+    {"POST", "/tandem/v1/sessions/{id}/cancel"},
     {"DELETE", "/tandem/v1/sessions/ffffffffffffffffffffffffffffffff"},
     {"GET", "/tandem/v1/sessions"},
     {"GET", "/v1/models"},

@@ -63,7 +63,9 @@ bodies = {
     6: ['{"protocol":1}', '{"protocol":2}'],
     7: ['{"expected_pos":0,"append":[1,2,3],"generate":{"n":4,"temperature":0.7,"top_p":0.9,"seed":1},"top_n":2}',
         '{"expected_pos":3,"verify":{"draft":[5,6,7]}}', '{"expected_pos":3,"rewind_to":3,"append":[4]}',
-        '{"expected_pos":1.5,"append":[1e9]}', '{"expected_pos":0,"append":' + deep + '}'],
+        '{"expected_pos":1.5,"append":[1e9]}', '{"expected_pos":0,"append":' + deep + '}',
+        '{"expected_pos":0,"append":[1,2],"generate":{"n":2},"queue":true}'],
+    8: ['{"from_pos":0}', '{"from_pos":-1}', '{"from_pos":2,"x":1}', '{"from_pos":' + deep + '}'],
 }
 n = 0
 for route, items in bodies.items():

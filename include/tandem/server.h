@@ -37,6 +37,8 @@ struct SchedulerOptions {
   // Another credential's idle session is never evicted before it has been idle this long (a
   // requester's own idle sessions always may be).
   double evict_grace_s = 60;
+  // Steps of one session that may wait behind its running step (protocol feature "queue").
+  int max_queued_steps = 2;
 };
 
 // The API's settings besides its credentials (ApiOptions in src/server/api.h adds those).

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -197,7 +198,8 @@ Api::Impl::Impl(Scheduler& s, Metrics& m, const ApiOptions& o)
                  {"max_draft", options.max_draft},
                  {"max_top_n", options.max_top_n},
                  {"idle_timeout_s", s.options().idle_timeout_s},
-                 {"max_sessions", s.options().max_sessions}};
+                 {"max_sessions", s.options().max_sessions},
+                 {"max_queued_steps", s.options().max_queued_steps}};
   workers =
       std::make_unique<CpuWorkers>(options.cpu_workers, static_cast<size_t>(options.max_cpu_queue));
 }
@@ -225,19 +227,26 @@ void Api::Impl::submit_or_refuse(const std::shared_ptr<Job>& job, const Credenti
   SubmitRefusal why = SubmitRefusal::None;
   if (sched.submit(job, &why)) return;
   if (undo) undo();
+  throw queue_refusal(why, who);
+}
+
+// Why a job found no place: 503 while draining, 429 over the client's own quota or when the
+// whole queue is full.
+ApiError Api::Impl::queue_refusal(SubmitRefusal why, const Credential& who) {
   if (why == SubmitRefusal::Draining) {
-    throw ApiError(503, "unavailable", "the server is shutting down");
+    return ApiError(503, "unavailable", "the server is shutting down");
   }
   ++metrics.rejected_overload;
   if (why == SubmitRefusal::KeyQuota) {
-    throw ApiError(429, "over_quota",
-                   client_label(who) + " has " + std::to_string(sched.options().max_queue_per_key) +
-                       " jobs queued or running, its quota (--max-queue-per-key); retry later",
-                   {{"quota", "max_queue_per_key"}, {"limit", sched.options().max_queue_per_key}});
+    return ApiError(429, "over_quota",
+                    client_label(who) + " has " +
+                        std::to_string(sched.options().max_queue_per_key) +
+                        " jobs queued or running, its quota (--max-queue-per-key); retry later",
+                    {{"quota", "max_queue_per_key"}, {"limit", sched.options().max_queue_per_key}});
   }
-  throw ApiError(429, "overloaded",
-                 "the work queue is full (" + std::to_string(sched.options().max_queue) +
-                     " jobs); retry later");
+  return ApiError(429, "overloaded",
+                  "the work queue is full (" + std::to_string(sched.options().max_queue) +
+                      " jobs); retry later");
 }
 
 std::string Api::Impl::client_label(const Credential& who) {
@@ -371,9 +380,11 @@ std::string route_label(const std::string& path) {
     if (path == k) return k;
   }
   if (path.rfind("/tandem/v1/sessions/", 0) == 0) {
-    return path.size() > 5 && path.compare(path.size() - 5, 5, "/step") == 0
-               ? "/tandem/v1/sessions/{id}/step"
-               : "/tandem/v1/sessions/{id}";
+    for (const char* action : {"/step", "/cancel"}) {
+      if (path.size() > 20 + std::strlen(action) && path.ends_with(action))
+        return std::string("/tandem/v1/sessions/{id}") + action;
+    }
+    return "/tandem/v1/sessions/{id}";
   }
   return "other";
 }
@@ -413,23 +424,10 @@ void Api::Impl::route(const HttpRequest& req, const std::shared_ptr<CountingResp
     return m.offload(req, res,
                      [&m](const HttpRequest& r, ResponderPtr out) { m.detokenize(r, *out); });
   }
+  const std::string prefix = "/tandem/v1/sessions/";
+  if (p.rfind(prefix, 0) == 0) return m.route_session(req, res, who, draining);
   if (draining && post) throw ApiError(503, "unavailable", "the server is shutting down");
   if (p == "/tandem/v1/sessions" && post) return m.create(req, *res, who);
-  const std::string prefix = "/tandem/v1/sessions/";
-  if (p.rfind(prefix, 0) == 0) {
-    std::string rest = p.substr(prefix.size());
-    const bool is_step = rest.size() > 5 && rest.compare(rest.size() - 5, 5, "/step") == 0;
-    const std::string id = is_step ? rest.substr(0, rest.size() - 5) : rest;
-    if (id.empty() || id.size() > 64 || id.find('/') != std::string::npos) {
-      throw ApiError(404, "not_found", "no such path: " + p);
-    }
-    if (is_step && post) {
-      res->set_model_request();
-      return m.step(id, req, res, who);
-    }
-    if (!is_step && req.method == "DELETE") return m.close(id, *res, who);
-    throw ApiError(405, "bad_method", req.method + " is not allowed on " + p);
-  }
   if (post) {
     static const std::pair<const char*, Dialect> kCompletions[] = {
         {"/v1/completions", Dialect::OpenAiText},
@@ -446,6 +444,36 @@ void Api::Impl::route(const HttpRequest& req, const std::shared_ptr<CountingResp
     }
   }
   throw ApiError(404, "not_found", "no such path: " + req.method + " " + p);
+}
+
+// /tandem/v1/sessions/{id}[/step|/cancel]. A cancel is taken while the server drains: it only
+// takes work away.
+void Api::Impl::route_session(const HttpRequest& req, const std::shared_ptr<CountingResponder>& res,
+                              const Credential& who, bool draining) {
+  const std::string& p = req.path;
+  std::string id = p.substr(std::strlen("/tandem/v1/sessions/"));
+  std::string action;
+  for (const char* a : {"/step", "/cancel"}) {
+    if (id.size() > std::strlen(a) && id.ends_with(a)) {
+      action = a;
+      id.resize(id.size() - action.size());
+      break;
+    }
+  }
+  const bool post = req.method == "POST";
+  if (draining && post && action != "/cancel") {
+    throw ApiError(503, "unavailable", "the server is shutting down");
+  }
+  if (id.empty() || id.size() > 64 || id.find('/') != std::string::npos) {
+    throw ApiError(404, "not_found", "no such path: " + p);
+  }
+  if (action == "/step" && post) {
+    res->set_model_request();
+    return step(id, req, res, who);
+  }
+  if (action == "/cancel" && post) return cancel(id, req, *res, who);
+  if (action.empty() && req.method == "DELETE") return close(id, *res, who);
+  throw ApiError(405, "bad_method", req.method + " is not allowed on " + p);
 }
 
 }  // namespace tandem::server

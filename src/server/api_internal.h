@@ -3,7 +3,8 @@
 //   api.cpp              routing, auth, admin, /health /metrics /tokenize and friends, the shared
 //                        answers (JSON, SSE, errors) and log-probabilities
 //   api_fields.cpp       request bodies and fields: strict, typed, range-checked readers
-//   api_native.cpp       the native session protocol (docs/protocol.md): create, step, close
+//   api_native.cpp       the native session protocol (docs/protocol.md): create, step, cancel,
+//                        close
 //   api_completions.cpp  the stateless completions: OpenAI, llama.cpp and SGLang dialects
 #pragma once
 
@@ -101,8 +102,10 @@ struct Api::Impl {
   std::string vocab_hash;  // the tokenizer fingerprint as the protocol writes it, made once
   json model_json;
   json limits_json;
-  // Additions to protocol 1 a client may use when listed ("rewind": a step's rewind_to).
-  const json features_json = json::array({"rewind"});
+  // Additions to protocol 1 a client may use when listed: "rewind" (a step's rewind_to),
+  // "queue" (a step's queue: wait behind the session's running step), "cancel" (POST
+  // /tandem/v1/sessions/{id}/cancel).
+  const json features_json = json::array({"rewind", "queue", "cancel"});
 
   // Last, so it is destroyed first: its threads stop before anything they use goes away.
   std::unique_ptr<CpuWorkers> workers;
@@ -117,9 +120,12 @@ struct Api::Impl {
   using ResponderPtr = std::shared_ptr<Responder>;
   using Work = std::function<void(const HttpRequest&, ResponderPtr)>;
   void route(const HttpRequest& req, const std::shared_ptr<CountingResponder>& res, bool draining);
+  void route_session(const HttpRequest& req, const std::shared_ptr<CountingResponder>& res,
+                     const Credential& who, bool draining);
   void offload(const HttpRequest& req, ResponderPtr res, Work work);
   void submit_or_refuse(const std::shared_ptr<Job>& job, const Credential& who,
                         const std::function<void()>& undo = {});
+  ApiError queue_refusal(SubmitRefusal why, const Credential& who);  // counts an overload
   Credential authenticate(const HttpRequest& req) const;
   void require_admin(const Credential& who, const std::string& what) const;
   static std::string client_label(const Credential& who);
@@ -134,6 +140,7 @@ struct Api::Impl {
   void create(const HttpRequest& req, Responder& res, const Credential& who);
   void step(const std::string& id, const HttpRequest& req, std::shared_ptr<Responder> res,
             const Credential& who);
+  void cancel(const std::string& id, const HttpRequest& req, Responder& res, const Credential& who);
   void close(const std::string& id, Responder& res, const Credential& who);
   ApiError session_lost(const std::string& id, const Credential& who) const;
 

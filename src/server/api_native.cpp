@@ -4,6 +4,7 @@
 // tokenizes, so the router runs it on the I/O thread.
 #include <algorithm>
 #include <chrono>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 
 #include "server/api_internal.h"
@@ -15,41 +16,45 @@ namespace {
 enum class StepKind { Sync, Generate, Verify };
 
 struct StepRequest {
-  int expected_pos = 0;
-  int rewind_to = -1;  // cut the history to this length first (-1: no cut)
-  std::vector<TokenId> append;
+  StepStart start;     // expected_pos, rewind_to, append, and the tokens the step will add
+  bool queue = false;  // wait behind a running step of the session instead of 409 session_busy
   StepKind kind = StepKind::Sync;
   int n = 0;
   SamplingParams sampling;
   std::vector<TokenId> draft;
   int top_n = 0;
-  Clock::time_point deadline = Clock::time_point::max();  // generation stops here ("time")
 };
 
-StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& o) {
-  static const char* known[] = {"expected_pos", "rewind_to", "append",
-                                "generate",     "verify",    "top_n"};
+// 400 for a field of `j` not in `known` ("a step", "a cancel": `what`), naming the known ones.
+void refuse_unknown_fields(const json& j, std::initializer_list<const char*> known,
+                           const std::string& what) {
   for (auto it = j.begin(); it != j.end(); ++it) {
-    if (std::find_if(std::begin(known), std::end(known),
-                     [&](const char* k) { return it.key() == k; }) == std::end(known)) {
-      throw bad(it.key(),
-                "is not a field of a step (expected_pos, rewind_to, append, generate, verify, "
-                "top_n)");
-    }
+    if (std::find_if(known.begin(), known.end(), [&](const char* k) { return it.key() == k; }) !=
+        known.end())
+      continue;
+    std::string names;
+    for (const char* k : known) names += (names.empty() ? "" : ", ") + std::string(k);
+    throw bad(it.key(), "is not a field of " + what + " (" + names + ")");
   }
+}
+
+StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& o) {
+  refuse_unknown_fields(
+      j, {"expected_pos", "rewind_to", "append", "generate", "verify", "top_n", "queue"}, "a step");
   StepRequest r;
-  r.deadline = deadline_after(o.max_request_seconds);
+  StepStart& st = r.start;
   if (!field(j, "expected_pos")) throw bad("expected_pos", "is required");
-  r.expected_pos = static_cast<int>(get_int(j, "expected_pos", 0, 0, n_ctx));
+  st.expected_pos = static_cast<int>(get_int(j, "expected_pos", 0, 0, n_ctx));
   if (field(j, "rewind_to")) {
-    r.rewind_to = static_cast<int>(get_int(j, "rewind_to", 0, 0, n_ctx));
-    if (r.expected_pos != r.rewind_to) {
-      throw bad("expected_pos", "must equal rewind_to (" + std::to_string(r.rewind_to) +
+    st.rewind_to = static_cast<int>(get_int(j, "rewind_to", 0, 0, n_ctx));
+    if (st.expected_pos != st.rewind_to) {
+      throw bad("expected_pos", "must equal rewind_to (" + std::to_string(st.rewind_to) +
                                     "): it counts the history after the cut");
     }
   }
-  if (const json* a = field(j, "append")) r.append = get_ids(*a, "append", n_vocab, n_ctx);
+  if (const json* a = field(j, "append")) st.append = get_ids(*a, "append", n_vocab, n_ctx);
   r.top_n = static_cast<int>(get_int(j, "top_n", 0, 0, o.max_top_n));
+  r.queue = get_bool(j, "queue", false);
   const json* g = field(j, "generate");
   const json* v = field(j, "verify");
   if (g && v) throw bad("generate", "and 'verify' cannot be in one step");
@@ -58,6 +63,7 @@ StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& 
     r.kind = StepKind::Generate;
     r.n = static_cast<int>(get_int(*g, "n", 1, 1, o.max_generate));
     r.sampling = get_sampling(*g, 0.0);
+    st.extra_tokens = r.n;
   }
   if (v) {
     if (!v->is_object()) throw bad("verify", "must be an object");
@@ -66,27 +72,76 @@ StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& 
     r.draft = get_ids(*d, "verify.draft", n_vocab, static_cast<size_t>(o.max_draft));
     if (r.draft.empty()) throw bad("verify.draft", "must hold at least one token");
     r.kind = StepKind::Verify;
+    st.extra_tokens = static_cast<int>(r.draft.size()) + 1;
   }
   return r;
 }
 
+// The cancel body: {"from_pos": p}.
+int parse_cancel(const json& j, int n_ctx) {
+  refuse_unknown_fields(j, {"from_pos"}, "a cancel");
+  if (!field(j, "from_pos")) throw bad("from_pos", "is required");
+  return static_cast<int>(get_int(j, "from_pos", 0, 0, n_ctx));
+}
+
+ApiError lost_session(const std::string& id, const std::string& reason) {
+  return ApiError(410, "session_lost", "session " + id + " is gone (" + reason + ")",
+                  {{"reason", reason}});
+}
+
+// The answer for a step that did not start: at once (Api::Impl::step) or when its turn came
+// after waiting (StepJob::on_finish).
+ApiError step_refused(const StepRefusal& r, const StepStart& st, const std::string& id, int n_ctx) {
+  const json pos = {{"pos", r.pos}};
+  switch (r.check) {
+    case StepCheck::Lost:
+      return lost_session(id, r.lost_reason);
+    case StepCheck::Busy:
+      return ApiError(409, "session_busy", "session " + id + " is running another step", pos);
+    case StepCheck::PositionMismatch:
+      return ApiError(409, "position_mismatch",
+                      std::string(st.rewind_to >= 0 ? "rewind_to" : "expected_pos") + " is " +
+                          std::to_string(st.expected_pos) + " but the session's history has " +
+                          std::to_string(r.pos) + " tokens",
+                      pos);
+    case StepCheck::TooLong:
+    case StepCheck::Ok:
+      break;
+  }
+  return ApiError(413, "too_large",
+                  "the history (" + std::to_string(r.pos) + ") plus " +
+                      std::to_string(st.append.size()) + " appended and " +
+                      std::to_string(st.extra_tokens) + " generated tokens would not fit n_ctx " +
+                      std::to_string(n_ctx),
+                  pos);
+}
+
 class StepJob : public Job {
  public:
+  // The job of `req`: its StepStart moves into Job::step, to be checked when the step starts.
   StepJob(Scheduler& sched, Metrics& metrics, std::shared_ptr<Responder> res, StepRequest req,
-          std::vector<TokenId> uncached, int kv_len, int pos)
+          double max_seconds)
       : sched_(sched),
         metrics_(metrics),
         res_(std::move(res)),
         req_(std::move(req)),
         sampler_(req_.sampling),
-        kv_len_(kv_len),
-        pos_(pos) {
-    // The last history token stays out of the cache on a sync step; generate and verify feed it
-    // with its logits (and verify the drafts after it).
-    size_t n_feed = uncached.size();
+        max_seconds_(max_seconds) {
+    step = std::move(req_.start);
+    reserve_tokens = req_.kind == StepKind::Generate ? req_.n : 0;
+  }
+
+  // The step has the session: feed what the cache lacks. The last history token stays out of
+  // the cache on a sync step; generate and verify feed it with its logits (and verify the
+  // drafts after it). The time budget starts now, not while the step waited.
+  void on_begin(const StepBegun& begun) override {
+    kv_len_ = begun.kv_len;
+    pos_ = begun.pos;
+    deadline_ = deadline_after(max_seconds_);
+    size_t n_feed = begun.uncached.size();
     if (req_.kind == StepKind::Sync && n_feed > 0) --n_feed;
     for (size_t i = 0; i < n_feed; ++i) {
-      feed.push_back({uncached[i], req_.kind != StepKind::Sync && i + 1 == n_feed});
+      feed.push_back({begun.uncached[i], req_.kind != StepKind::Sync && i + 1 == n_feed});
     }
     if (req_.kind == StepKind::Verify) {
       for (TokenId d : req_.draft) feed.push_back({d, true});
@@ -95,7 +150,6 @@ class StepJob : public Job {
       target_top_.resize(req_.draft.size() + 1);
     }
     prefilled_ = static_cast<int>(n_feed);
-    reserve_tokens = req_.kind == StepKind::Generate ? req_.n : 0;
   }
 
   void on_logits(size_t index, std::span<const float> logits) override {
@@ -104,12 +158,12 @@ class StepJob : public Job {
     if (req_.kind == StepKind::Generate) {
       const TokenId t =
           sampler_.greedy() ? static_cast<TokenId>(st.argmax) : sampler_.sample(logits);
+      produced_.assign(1, t);
+      if (!sched_.session_append(*this, produced_)) return;  // cancelled: the history stops
       sampler_.accept(t);
       tokens_.push_back(t);
       logprobs_.push_back(static_cast<float>(logits[t] - st.log_z));
       if (req_.top_n > 0) tops_.push_back(top_n(logits, req_.top_n, st.log_z));
-      produced_.assign(1, t);
-      sched_.session_append(session_id, produced_);
       ++pos_;
       if (sched_.model().tokenizer().is_eog(t)) stop_ = "eog";
       return;
@@ -125,13 +179,14 @@ class StepJob : public Job {
   bool on_feed_done() override {
     if (req_.kind == StepKind::Generate) {
       const int n_ctx = sched_.options().n_ctx;
-      if (!stop_.empty()) return false;
+      // A cancel may stop the history before the first token (the job then ends cancelled).
+      if (!stop_.empty() || tokens_.empty()) return false;
       if (static_cast<int>(tokens_.size()) >= req_.n) return false;
       if (pos_ >= n_ctx) {
         stop_ = "context";
         return false;
       }
-      if (Clock::now() >= req_.deadline) {
+      if (Clock::now() >= deadline_) {
         stop_ = "time";
         return false;
       }
@@ -150,7 +205,7 @@ class StepJob : public Job {
       }
       // Keep the history and the accepted drafts in the cache; the correction is fed next time.
       keep_after = kv_len_ + static_cast<int>(feed.size() - req_.draft.size()) + accepted_;
-      sched_.session_append(session_id, tokens_);
+      if (!sched_.session_append(*this, tokens_)) return false;  // cancelled: answered 409
       pos_ += static_cast<int>(tokens_.size());
       metrics_.accepted_drafts += acc;
       if (sched_.model().tokenizer().is_eog(tokens_.back())) stop_ = "eog";
@@ -164,24 +219,7 @@ class StepJob : public Job {
 
   void on_finish(JobFailure failure, const std::string& message) override {
     metrics_.step_seconds.observe(std::chrono::duration<double>(Clock::now() - enqueued).count());
-    if (failure == JobFailure::NoMemory && retry_after_s > 0) {
-      // Room frees up when running steps end or other clients' idle sessions pass their grace.
-      send_error(*res_, ApiError(429, "overloaded",
-                                 message + " now (busy sessions, or other clients' idle ones "
-                                           "within --evict-grace); retry later",
-                                 {{"retry_after", retry_after_s}}));
-      return;
-    }
-    if (failure == JobFailure::NoMemory) {
-      send_error(*res_, ApiError(503, "unavailable", message));
-      return;
-    }
-    if (failure != JobFailure::None) {
-      send_error(*res_, ApiError(failure == JobFailure::Draining ? 503 : 500,
-                                 failure == JobFailure::Draining ? "unavailable" : "internal",
-                                 message.empty() ? "the step failed" : message));
-      return;
-    }
+    if (failure != JobFailure::None) return send_error(*res_, failure_error(failure, message));
     metrics_.generated_tokens += tokens_.size();
     json out = {{"pos", pos_},
                 {"tokens", tokens_},
@@ -198,13 +236,41 @@ class StepJob : public Job {
   }
 
  private:
+  ApiError failure_error(JobFailure failure, const std::string& message) const {
+    switch (failure) {
+      case JobFailure::Refused:  // it waited, and its checks failed when its turn came
+        return step_refused(refusal, step, session_id, sched_.options().n_ctx);
+      case JobFailure::Cancelled:  // by POST .../cancel (after a hang-up nobody reads this)
+        return ApiError(409, "cancelled",
+                        "the step was cancelled: its device abandoned the history it builds on",
+                        {{"pos", history_after}});
+      case JobFailure::NoMemory:
+        // Room frees up when running steps end or other clients' idle sessions pass their
+        // grace.
+        if (retry_after_s > 0) {
+          return ApiError(429, "overloaded",
+                          message +
+                              " now (busy sessions, or other clients' idle ones within "
+                              "--evict-grace); retry later",
+                          {{"retry_after", retry_after_s}});
+        }
+        return ApiError(503, "unavailable", message);
+      case JobFailure::Draining:
+        return ApiError(503, "unavailable", message);
+      default:
+        return ApiError(500, "internal", message.empty() ? "the step failed" : message);
+    }
+  }
+
   Scheduler& sched_;
   Metrics& metrics_;
   std::shared_ptr<Responder> res_;
   StepRequest req_;
   Sampler sampler_;
-  int kv_len_;
-  int pos_;
+  double max_seconds_;
+  Clock::time_point deadline_ = Clock::time_point::max();  // generation stops here ("time")
+  int kv_len_ = 0;
+  int pos_ = 0;
   int prefilled_ = 0;
   int accepted_ = 0;
   std::string stop_;
@@ -265,55 +331,40 @@ void Api::Impl::create(const HttpRequest& req, Responder& res, const Credential&
              {"limits", limits_json}});
 }
 
+// Starts the step now, or with "queue": true behind the session's running step; either way the
+// answer comes from the job's on_finish, never from a waiting I/O thread.
 void Api::Impl::step(const std::string& id, const HttpRequest& req, std::shared_ptr<Responder> res,
                      const Credential& who) {
   StepRequest sr = parse_step(parse_body(req.body), n_vocab(), n_ctx(), options);
-  if (sr.kind != StepKind::Sync && sr.expected_pos == 0 && sr.append.empty()) {
+  if (sr.kind != StepKind::Sync && sr.start.expected_pos == 0 && sr.start.append.empty()) {
     throw bad("append", "is empty and so is the session: there is nothing to continue from");
   }
-  const int extra = sr.kind == StepKind::Generate ? sr.n
-                    : sr.kind == StepKind::Verify ? static_cast<int>(sr.draft.size()) + 1
-                                                  : 0;
-  int pos = 0, kv_len = 0;
-  std::vector<TokenId> uncached;
-  const StepCheck check = sched.begin_step(id, who.name, sr.expected_pos, sr.rewind_to, sr.append,
-                                           extra, &pos, &kv_len, &uncached);
-  switch (check) {
-    case StepCheck::Ok:
-      break;
-    case StepCheck::Lost:
-      throw session_lost(id, who);
-    case StepCheck::Busy:
-      throw ApiError(409, "session_busy", "session " + id + " is running another step",
-                     {{"pos", pos}});
-    case StepCheck::PositionMismatch:
-      throw ApiError(409, "position_mismatch",
-                     std::string(sr.rewind_to >= 0 ? "rewind_to" : "expected_pos") + " is " +
-                         std::to_string(sr.expected_pos) + " but the session's history has " +
-                         std::to_string(pos) + " tokens",
-                     {{"pos", pos}});
-    case StepCheck::TooLong:
-      throw ApiError(413, "too_large",
-                     "the history (" + std::to_string(pos) + ") plus " +
-                         std::to_string(sr.append.size()) + " appended and " +
-                         std::to_string(extra) + " generated tokens would not fit n_ctx " +
-                         std::to_string(n_ctx()),
-                     {{"pos", pos}});
-  }
-  const int appended = static_cast<int>(sr.append.size());
-  auto job = std::make_shared<StepJob>(sched, metrics, res, std::move(sr), std::move(uncached),
-                                       kv_len, pos);
+  const bool may_wait = sr.queue;
+  auto job =
+      std::make_shared<StepJob>(sched, metrics, res, std::move(sr), options.max_request_seconds);
   job->session_id = id;
-  job->history_before = pos - appended;
-  submit_or_refuse(job, who, [&] { sched.abort_step(id, job->history_before); });
+  job->owner = who.name;
+  StepRefusal refusal;
+  SubmitRefusal why = SubmitRefusal::None;
+  if (sched.start_step(job, may_wait, &refusal, &why)) return;
+  if (refusal.check != StepCheck::Ok) throw step_refused(refusal, job->step, id, n_ctx());
+  throw queue_refusal(why, who);
+}
+
+// The device abandoned its history from `from_pos` on: the session's steps that build on it
+// end 409 cancelled; this answer does not wait for them.
+void Api::Impl::cancel(const std::string& id, const HttpRequest& req, Responder& res,
+                       const Credential& who) {
+  const int from_pos = parse_cancel(parse_body(req.body), n_ctx());
+  int count = 0, pos = 0;
+  if (!sched.cancel_steps(id, who.name, from_pos, &count, &pos)) throw session_lost(id, who);
+  send_json(res, 200, {{"cancelled", count}, {"pos", pos}});
 }
 
 // The answer for a session `who` does not hold: the same for an id never issued, another
 // client's session and one of its own that is gone (then with the reason).
 ApiError Api::Impl::session_lost(const std::string& id, const Credential& who) const {
-  const std::string reason = sched.lost_reason(id, who.name);
-  return ApiError(410, "session_lost", "session " + id + " is gone (" + reason + ")",
-                  {{"reason", reason}});
+  return lost_session(id, sched.lost_reason(id, who.name));
 }
 
 void Api::Impl::close(const std::string& id, Responder& res, const Credential& who) {

@@ -85,6 +85,9 @@ std::string Metrics::render() const {
           rejected_overload);
   counter("tandem_cancelled_jobs_total",
           "Jobs dropped, queued or running, because their client hung up.", cancelled_jobs);
+  counter("tandem_cancelled_steps_total",
+          "Native steps, waiting or running, cancelled by their device (POST .../cancel).",
+          cancelled_steps);
   counter("tandem_drain_failed_jobs_total",
           "Jobs answered 503 at shutdown because --drain-timeout passed.", drain_failed_jobs);
   line(out, "tandem_refused_connections_total", "counter",

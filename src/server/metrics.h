@@ -44,6 +44,7 @@ class Metrics : public net::ConnectionCounters {
   std::atomic<uint64_t> expirations{0};
   std::atomic<uint64_t> rejected_overload{0};  // 429/503 answers for lack of queue or memory
   std::atomic<uint64_t> cancelled_jobs{0};     // jobs dropped, queued or running: client gone
+  std::atomic<uint64_t> cancelled_steps{0};    // native steps cancelled by their device
   std::atomic<uint64_t> drain_failed_jobs{0};  // jobs answered 503 when --drain-timeout passed
   std::atomic<int64_t> sessions_open{0};
   std::atomic<int64_t> kv_bytes_in_use{0};

@@ -208,31 +208,69 @@ size_t Scheduler::open_sessions() const {
   return sessions_.size();
 }
 
-StepCheck Scheduler::begin_step(const std::string& id, const std::string& owner, int expected_pos,
-                                int rewind_to, std::span<const TokenId> append, int extra_tokens,
-                                int* pos, int* kv_len, std::vector<TokenId>* uncached) {
-  std::lock_guard lk(mu_);
-  expire_idle_locked();
-  auto it = sessions_.find(id);
-  if (it == sessions_.end() || it->second.owner != owner) return StepCheck::Lost;
-  Session& s = it->second;
+bool Scheduler::start_step(const std::shared_ptr<Job>& job, bool may_wait, StepRefusal* refusal,
+                           SubmitRefusal* why) {
+  *refusal = {};
+  *why = SubmitRefusal::None;
+  {
+    std::lock_guard lk(mu_);
+    expire_idle_locked();
+    auto it = sessions_.find(job->session_id);
+    if (it == sessions_.end() || it->second.owner != job->owner) {
+      auto lost = lost_.find(job->session_id);
+      const bool told = lost != lost_.end() && lost->second.owner == job->owner;
+      *refusal = {StepCheck::Lost, 0, told ? lost->second.reason : "unknown"};
+      return false;
+    }
+    Session& s = it->second;
+    refusal->pos = static_cast<int>(s.history.size());
+    if (s.busy) {
+      // Behind the running step, bounded per session and counted like any queued job.
+      if (!may_wait || s.waiting >= options_.max_queued_steps) {
+        refusal->check = StepCheck::Busy;
+        return false;
+      }
+      if (!take_queue_place_locked(*job, why)) return false;
+      waiting_.push_back(job);
+      ++s.waiting;
+    } else {
+      *refusal = check_step_locked(s, job->step);
+      if (refusal->check != StepCheck::Ok || !take_queue_place_locked(*job, why)) return false;
+      run_step_locked(s, job);
+    }
+    metrics_.queue_length = static_cast<int64_t>(queued_locked());
+  }
+  wake_.notify_all();
+  return true;
+}
+
+// Every check a step makes before it changes anything, on the history it finds: a refused step
+// leaves the session exactly as it was.
+StepRefusal Scheduler::check_step_locked(const Session& s, const StepStart& step) const {
   const int length = static_cast<int>(s.history.size());
-  *pos = length;
-  if (s.busy) return StepCheck::Busy;
-  if (rewind_to > length) return StepCheck::PositionMismatch;
-  // Every check runs on the length after the cut before anything changes, so a refused step
-  // leaves the session exactly as it was.
-  const int kept = rewind_to >= 0 ? rewind_to : length;
-  if (expected_pos != kept) {
-    *pos = kept;
-    return StepCheck::PositionMismatch;
-  }
+  if (step.rewind_to > length) return {StepCheck::PositionMismatch, length, {}};
+  const int kept = step.rewind_to >= 0 ? step.rewind_to : length;
+  if (step.expected_pos != kept) return {StepCheck::PositionMismatch, kept, {}};
   const size_t total =
-      static_cast<size_t>(kept) + append.size() + static_cast<size_t>(extra_tokens);
-  if (total > static_cast<size_t>(options_.n_ctx)) {
-    *pos = kept;
-    return StepCheck::TooLong;
+      static_cast<size_t>(kept) + step.append.size() + static_cast<size_t>(step.extra_tokens);
+  if (total > static_cast<size_t>(options_.n_ctx)) return {StepCheck::TooLong, kept, {}};
+  return {StepCheck::Ok, length, {}};
+}
+
+// Cuts the history for a checked step, appends its tokens, gives the job its StepBegun and
+// queues it as the session's running step. A rewind whose append repeats the start of what it
+// cuts keeps those tokens (and their KV): the step then is rewind_to + that prefix with the rest
+// appended, the same history for less prefill.
+void Scheduler::run_step_locked(Session& s, const std::shared_ptr<Job>& job) {
+  const StepStart& step = job->step;
+  const int length = static_cast<int>(s.history.size());
+  int kept = step.rewind_to >= 0 ? step.rewind_to : length;
+  size_t same = 0;  // append[0, same) equals history[kept, kept + same)
+  while (kept + static_cast<int>(same) < length && same < step.append.size() &&
+         s.history[kept + same] == step.append[same]) {
+    ++same;
   }
+  kept += static_cast<int>(same);
   s.cut_tail.assign(s.history.begin() + kept, s.history.end());
   if (kept < length) {
     // The cache keeps the history but its last token (every step needs a logits row); the
@@ -240,20 +278,79 @@ StepCheck Scheduler::begin_step(const std::string& id, const std::string& owner,
     s.history.resize(kept);
     s.kv_len = std::min(s.kv_len, std::max(kept - 1, 0));
   }
-  s.history.insert(s.history.end(), append.begin(), append.end());
+  s.history.insert(s.history.end(), step.append.begin() + static_cast<std::ptrdiff_t>(same),
+                   step.append.end());
   s.busy = true;
+  s.running = job;
   s.last_used = Clock::now();
-  *pos = static_cast<int>(s.history.size());
-  *kv_len = s.kv_len;
   assert(s.kv_len >= 0 && s.kv_len <= static_cast<int>(s.history.size()));
-  uncached->assign(s.history.begin() + s.kv_len, s.history.end());
-  return StepCheck::Ok;
+  job->history_before = kept;
+  StepBegun begun;
+  begun.pos = static_cast<int>(s.history.size());
+  begun.kv_len = s.kv_len;
+  begun.uncached.assign(s.history.begin() + s.kv_len, s.history.end());
+  job->on_begin(begun);
+  pending_.push_back(job);
 }
 
-void Scheduler::abort_step(const std::string& id, int length) {
-  std::lock_guard lk(mu_);
-  auto it = sessions_.find(id);
-  if (it != sessions_.end()) end_unrun_step_locked(it->second, length);
+bool Scheduler::cancel_steps(const std::string& id, const std::string& owner, int from_pos,
+                             int* count, int* pos) {
+  const auto abandons = [from_pos](const Job& job) {
+    return job.step.expected_pos + static_cast<int64_t>(job.step.append.size()) > from_pos;
+  };
+  {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second.owner != owner) return false;
+    Session& s = it->second;
+    *pos = static_cast<int>(s.history.size());
+    *count = 0;
+    for (size_t i = 0; i < waiting_.size();) {
+      const std::shared_ptr<Job> job = waiting_[i];
+      if (job->session_id != id || !abandons(*job)) {
+        ++i;
+        continue;
+      }
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+      --s.waiting;
+      job->cancelled = true;
+      job->history_after = *pos;
+      defer_answer_locked(job, JobFailure::Cancelled, "cancelled");
+      ++*count;
+    }
+    // The running step stops at its next token boundary; session_append adds nothing after
+    // this, so *pos is its last length.
+    if (s.running && !s.running->cancelled && abandons(*s.running)) {
+      s.running->cancelled = true;
+      ++*count;
+    }
+    metrics_.cancelled_steps += static_cast<uint64_t>(*count);
+    metrics_.queue_length = static_cast<int64_t>(queued_locked());
+  }
+  answer_deferred();
+  wake_.notify_all();
+  return true;
+}
+
+// Takes a place in the queue for `job` and, when it has an owner, one in the owner's quota
+// (given back when the job is destroyed, however it ended).
+bool Scheduler::take_queue_place_locked(Job& job, SubmitRefusal* why) {
+  auto refuse = [&](SubmitRefusal r) {
+    if (why) *why = r;
+    return false;
+  };
+  if (draining_) return refuse(SubmitRefusal::Draining);
+  if (queued_locked() >= static_cast<size_t>(options_.max_queue))
+    return refuse(SubmitRefusal::QueueFull);
+  if (!job.owner.empty()) {
+    auto& count = jobs_per_owner_[job.owner];
+    if (!count) count = std::make_shared<std::atomic<int>>(0);
+    if (count->load() >= options_.max_queue_per_key) return refuse(SubmitRefusal::KeyQuota);
+    ++*count;
+    job.owner_ticket = std::shared_ptr<void>(nullptr, [count](void*) { --*count; });
+  }
+  job.enqueued = Clock::now();
+  return true;
 }
 
 void Scheduler::end_unrun_step_locked(Session& s, int length) {
@@ -262,14 +359,82 @@ void Scheduler::end_unrun_step_locked(Session& s, int length) {
     s.history.insert(s.history.end(), s.cut_tail.begin(), s.cut_tail.end());
   }
   s.cut_tail.clear();
-  s.busy = false;
+  step_ended_locked(s);
 }
 
-void Scheduler::session_append(const std::string& id, std::span<const TokenId> produced) {
+void Scheduler::step_ended_locked(Session& s) {
+  s.running.reset();
+  s.busy = false;
+  if (s.close_requested) {
+    forget_locked(s.id, "closed");  // answers its waiting steps 410; `s` is gone
+    return;
+  }
+  while (std::shared_ptr<Job> next = pop_waiting_locked(s)) {
+    if (next->dropped()) {  // its client hung up
+      ++metrics_.cancelled_jobs;
+      defer_answer_locked(next, JobFailure::Cancelled, "cancelled");
+      continue;
+    }
+    next->refusal = check_step_locked(s, next->step);
+    if (next->refusal.check == StepCheck::Ok) {
+      run_step_locked(s, next);
+      wake_.notify_all();
+      return;
+    }
+    defer_answer_locked(next, JobFailure::Refused, "");
+  }
+}
+
+std::shared_ptr<Job> Scheduler::pop_waiting_locked(Session& s) {
+  if (s.waiting == 0) return nullptr;
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if ((*it)->session_id != s.id) continue;
+    std::shared_ptr<Job> job = *it;
+    waiting_.erase(it);
+    --s.waiting;
+    return job;
+  }
+  return nullptr;
+}
+
+void Scheduler::drop_abandoned_waiting_locked() {
+  for (size_t i = 0; i < waiting_.size();) {
+    const std::shared_ptr<Job> job = waiting_[i];
+    auto sit = sessions_.find(job->session_id);
+    if (!job->abandoned() || sit == sessions_.end()) {
+      ++i;
+      continue;
+    }
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+    --sit->second.waiting;
+    ++metrics_.cancelled_jobs;
+    defer_answer_locked(job, JobFailure::Cancelled, "cancelled");
+  }
+}
+
+void Scheduler::defer_answer_locked(std::shared_ptr<Job> job, JobFailure failure,
+                                    std::string message) {
+  deferred_.push_back({std::move(job), failure, std::move(message)});
+}
+
+void Scheduler::answer_deferred() {
+  std::vector<DeferredAnswer> answers;
+  {
+    std::lock_guard lk(mu_);
+    answers.swap(deferred_);
+    metrics_.queue_length = static_cast<int64_t>(queued_locked());
+  }
+  for (DeferredAnswer& a : answers) a.job->on_finish(a.failure, a.message);
+  if (!answers.empty()) drained_.notify_all();
+}
+
+bool Scheduler::session_append(const Job& job, std::span<const TokenId> produced) {
   std::lock_guard lk(mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) return;
+  if (job.cancelled) return false;
+  auto it = sessions_.find(job.session_id);
+  if (it == sessions_.end()) return false;
   it->second.history.insert(it->second.history.end(), produced.begin(), produced.end());
+  return true;
 }
 
 void Scheduler::evict_locked(Session& s, const char* reason) {
@@ -281,6 +446,11 @@ void Scheduler::forget_locked(const std::string& id_ref, const char* reason) {
   const std::string id = id_ref;  // id_ref may live in the session erased below
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
+  // Steps still waiting for the session are answered as steps on a lost session.
+  while (std::shared_ptr<Job> job = pop_waiting_locked(it->second)) {
+    job->refusal = {StepCheck::Lost, 0, reason};
+    defer_answer_locked(std::move(job), JobFailure::Refused, "");
+  }
   const int slot = it->second.slot;
   std::string owner = std::move(it->second.owner);
   sessions_.erase(it);
@@ -318,35 +488,20 @@ void Scheduler::expire_idle_locked() {
 // Jobs
 
 bool Scheduler::submit(std::shared_ptr<Job> job, SubmitRefusal* why) {
-  auto refuse = [&](SubmitRefusal r) {
-    if (why) *why = r;
-    return false;
-  };
+  if (why) *why = SubmitRefusal::None;
   {
     std::lock_guard lk(mu_);
-    if (draining_) return refuse(SubmitRefusal::Draining);
-    if (pending_.size() + active_count_ >= static_cast<size_t>(options_.max_queue))
-      return refuse(SubmitRefusal::QueueFull);
-    if (!job->owner.empty()) {
-      auto& count = jobs_per_owner_[job->owner];
-      if (!count) count = std::make_shared<std::atomic<int>>(0);
-      if (count->load() >= options_.max_queue_per_key) return refuse(SubmitRefusal::KeyQuota);
-      ++*count;
-      // Given back when the job is destroyed, however it ended.
-      job->owner_ticket = std::shared_ptr<void>(nullptr, [count](void*) { --*count; });
-    }
-    job->enqueued = Clock::now();
+    if (!take_queue_place_locked(*job, why)) return false;
     pending_.push_back(std::move(job));
-    metrics_.queue_length = static_cast<int64_t>(pending_.size() + active_count_);
+    metrics_.queue_length = static_cast<int64_t>(queued_locked());
   }
   wake_.notify_all();
-  if (why) *why = SubmitRefusal::None;
   return true;
 }
 
 size_t Scheduler::queue_length() const {
   std::lock_guard lk(mu_);
-  return pending_.size() + active_count_;
+  return queued_locked();
 }
 
 uint64_t Scheduler::kv_tokens_locked() const {
@@ -468,59 +623,70 @@ Scheduler::StatelessPick Scheduler::reserve_stateless_slot_locked(Job& job, uint
   return StatelessPick::Reserved;
 }
 
-// Frees the slots closed sessions left, then goes through the queue in order: a job whose
-// client is gone or whose session was lost ends; one that gets KV room moves to `active`; a
-// stateless one waits while every stateless slot is busy; one that cannot get room is refused.
+// Frees the slots closed sessions left, drops waiting steps whose client left, then goes through
+// the queue in order: a job whose client is gone or whose session was lost ends; one that gets
+// KV room moves to `active`; a stateless one waits while every stateless slot is busy; one that
+// cannot get room is refused. A session step that ends here lets the session's next waiting
+// step join the queue's end, where this same pass reaches it.
 void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
   for (int slot : slots_to_release_) {
     ctx_->release(slot);
     slot_len_[slot] = 0;
   }
   slots_to_release_.clear();
+  drop_abandoned_waiting_locked();
   const uint64_t cap_tokens = options_.kv_cap_bytes / kv_bytes_per_token_;
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    std::shared_ptr<Job> job = *it;
-    const auto sit = job->session_id.empty() ? sessions_.end() : sessions_.find(job->session_id);
-    if (job->dropped()) {
-      // The client is gone: the session's history goes back to before the step, so that the
-      // device can send the same step again.
-      if (sit != sessions_.end()) end_unrun_step_locked(sit->second, job->history_before);
-      it = pending_.erase(it);
-      ++metrics_.cancelled_jobs;
-      job->on_finish(JobFailure::Cancelled, "cancelled");
+  for (size_t i = 0; i < pending_.size();) {
+    std::shared_ptr<Job> job = pending_[i];
+    const Admission admission = admit_one_locked(*job, cap_tokens);
+    if (admission == Admission::Wait) {
+      ++i;
       continue;
     }
-    if (!job->session_id.empty()) {
-      if (sit == sessions_.end()) {  // closed or evicted while queued
-        it = pending_.erase(it);
-        job->on_finish(JobFailure::Internal, "the session was lost while its step waited");
-        continue;
-      }
-      if (!reserve_session_room_locked(*job, sit->second, cap_tokens)) {
-        it = pending_.erase(it);
-        ++metrics_.rejected_overload;
-        job->on_finish(JobFailure::NoMemory, "the KV memory cap leaves no room for this step");
-        continue;
-      }
-    } else {
-      const StatelessPick pick = reserve_stateless_slot_locked(*job, cap_tokens);
-      if (pick == StatelessPick::AllBusy) {
-        ++it;  // every stateless slot is busy: wait
-        continue;
-      }
-      if (pick == StatelessPick::NoRoom) {
-        it = pending_.erase(it);
-        ++metrics_.rejected_overload;
-        job->on_finish(JobFailure::NoMemory, "the KV memory cap leaves no room for this request");
-        continue;
-      }
-    }
-    it = pending_.erase(it);
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (admission == Admission::Ended) continue;
     job->on_admit();
     active.push_back(job);
     ++active_count_;
   }
   metrics_.kv_bytes_in_use = static_cast<int64_t>(kv_tokens_locked() * kv_bytes_per_token_);
+}
+
+// admit_locked for one queued job: Admitted (it has its slot and KV room), Ended (answered here)
+// or Wait (every stateless slot is busy).
+Scheduler::Admission Scheduler::admit_one_locked(Job& job, uint64_t cap_tokens) {
+  const auto sit = job.session_id.empty() ? sessions_.end() : sessions_.find(job.session_id);
+  if (job.dropped()) {
+    // A hang-up gives the session's history back as it was before the step, so that the device
+    // can send the same step again; a cancelled step keeps what it appended.
+    if (sit != sessions_.end()) {
+      job.history_after = static_cast<int>(sit->second.history.size());
+      end_unrun_step_locked(sit->second, job.cancelled ? -1 : job.history_before);
+    }
+    if (!job.cancelled) ++metrics_.cancelled_jobs;
+    job.on_finish(JobFailure::Cancelled, "cancelled");
+    return Admission::Ended;
+  }
+  if (!job.session_id.empty()) {
+    if (sit == sessions_.end()) {  // closed or evicted while queued
+      job.on_finish(JobFailure::Internal, "the session was lost while its step waited");
+      return Admission::Ended;
+    }
+    if (!reserve_session_room_locked(job, sit->second, cap_tokens)) {
+      ++metrics_.rejected_overload;
+      job.on_finish(JobFailure::NoMemory, "the KV memory cap leaves no room for this step");
+      return Admission::Ended;
+    }
+    return Admission::Admitted;
+  }
+  const StatelessPick pick = reserve_stateless_slot_locked(job, cap_tokens);
+  if (pick == StatelessPick::AllBusy) return Admission::Wait;
+  if (pick == StatelessPick::NoRoom) {
+    ++metrics_.rejected_overload;
+    job.on_finish(JobFailure::NoMemory, "the KV memory cap leaves no room for this request");
+    return Admission::Ended;
+  }
+  return Admission::Admitted;
 }
 
 void Scheduler::finish_job(const std::shared_ptr<Job>& job, JobFailure failure,
@@ -531,25 +697,7 @@ void Scheduler::finish_job(const std::shared_ptr<Job>& job, JobFailure failure,
     const int slot = job->slot;
     if (!job->session_id.empty()) {
       auto it = sessions_.find(job->session_id);
-      if (it != sessions_.end()) {
-        Session& s = it->second;
-        if (failure == JobFailure::None && job->keep_after >= 0) {
-          ctx_->truncate(slot, job->keep_after);
-        }
-        // A step that ends without an answer (cancelled, failed, cut by shutdown) leaves the
-        // history as it was before the step: the device never saw its tokens and resends it.
-        if (failure != JobFailure::None && job->history_before >= 0 &&
-            job->history_before <= static_cast<int>(s.history.size())) {
-          s.history.resize(job->history_before);
-        }
-        // Whatever happened, the cache holds a prefix of the history (drafts beyond it dropped).
-        const int keep = std::min<int>(ctx_->seq_length(slot), static_cast<int>(s.history.size()));
-        ctx_->truncate(slot, keep);
-        s.kv_len = keep;
-        s.busy = false;
-        s.last_used = Clock::now();
-        if (s.close_requested) forget_locked(s.id, "closed");
-      }
+      if (it != sessions_.end()) end_session_job_locked(it->second, *job, failure);
     } else if (slot >= 0) {
       for (auto& st : stateless_) {
         if (st.slot != slot) continue;
@@ -566,12 +714,37 @@ void Scheduler::finish_job(const std::shared_ptr<Job>& job, JobFailure failure,
       slot_target_[slot] = 0;
     }
     --active_count_;
-    metrics_.queue_length = static_cast<int64_t>(pending_.size() + active_count_);
+    metrics_.queue_length = static_cast<int64_t>(queued_locked());
     metrics_.kv_bytes_in_use = static_cast<int64_t>(kv_tokens_locked() * kv_bytes_per_token_);
   }
-  if (failure == JobFailure::Cancelled) ++metrics_.cancelled_jobs;
+  if (failure == JobFailure::Cancelled && !job->cancelled) ++metrics_.cancelled_jobs;
   job->on_finish(failure, msg);
+  answer_deferred();  // the steps that waited behind this one and did not start
   drained_.notify_all();
+}
+
+// The session's side of a step that ran (finish_job): the cache cut to a prefix of the history,
+// the history as the answer leaves it, and the session handed to its next waiting step.
+void Scheduler::end_session_job_locked(Session& s, Job& job, JobFailure failure) {
+  const int slot = job.slot;
+  if (failure == JobFailure::None && job.keep_after >= 0) ctx_->truncate(slot, job.keep_after);
+  // A step that ends without an answer (client gone, failed, cut by shutdown) leaves the
+  // history as it was before the step: the device never saw its tokens and resends it. A
+  // cancelled step keeps what it appended and generated (its answer says how far it got).
+  if (failure != JobFailure::None && !job.cancelled && job.history_before >= 0 &&
+      job.history_before <= static_cast<int>(s.history.size())) {
+    s.history.resize(job.history_before);
+  }
+  // Whatever happened, the cache holds a prefix of the history (drafts beyond it dropped) but
+  // never its last token, so that the next step has a logits row to feed even with an empty
+  // append: a step stopped by a cancel, or rolled back after a hang-up, may have fed it.
+  const int keep =
+      std::min(ctx_->seq_length(slot), std::max(0, static_cast<int>(s.history.size()) - 1));
+  ctx_->truncate(slot, keep);
+  s.kv_len = keep;
+  s.last_used = Clock::now();
+  job.history_after = static_cast<int>(s.history.size());
+  step_ended_locked(s);  // `s` may be gone after it (a close waited for this step)
 }
 
 size_t Scheduler::PrefillBudget::fit(const Job& job, size_t take) {
@@ -783,8 +956,9 @@ void Scheduler::engine_loop() {
           lk.lock();
         }
       }
-      metrics_.queue_length = static_cast<int64_t>(pending_.size() + active_count_);
+      metrics_.queue_length = static_cast<int64_t>(queued_locked());
     }
+    answer_deferred();
     if (expired) {
       fail_all_for_shutdown(active);
     } else if (!active.empty()) {
@@ -793,6 +967,12 @@ void Scheduler::engine_loop() {
     drained_.notify_all();
   }
   for (auto& job : active) job->on_finish(JobFailure::Draining, "the server is shutting down");
+  {
+    std::lock_guard lk(mu_);
+    for (auto& job : waiting_) defer_answer_locked(job, JobFailure::Draining, "shutting down");
+    waiting_.clear();
+  }
+  answer_deferred();
 }
 
 // --drain-timeout passed: every queued and running job ends now with a 503.
@@ -801,12 +981,20 @@ void Scheduler::fail_all_for_shutdown(std::vector<std::shared_ptr<Job>>& active)
   std::deque<std::shared_ptr<Job>> queued;
   {
     std::lock_guard lk(mu_);
-    queued.swap(pending_);
-    for (auto& job : queued) {
+    // The waiting steps first, so that no step ending below starts one of them; they never
+    // began, so their sessions have nothing to undo for them.
+    for (auto& job : waiting_) {
+      auto it = sessions_.find(job->session_id);
+      if (it != sessions_.end()) --it->second.waiting;
+    }
+    metrics_.drain_failed_jobs += waiting_.size() + pending_.size() + active.size();
+    queued.swap(waiting_);
+    for (auto& job : pending_) {
       auto it = sessions_.find(job->session_id);
       if (it != sessions_.end()) end_unrun_step_locked(it->second, job->history_before);
+      queued.push_back(job);
     }
-    metrics_.drain_failed_jobs += queued.size() + active.size();
+    pending_.clear();
   }
   for (auto& job : queued) job->on_finish(JobFailure::Draining, why);
   for (auto& job : active) finish_job(job, JobFailure::Draining, why);
@@ -816,7 +1004,7 @@ void Scheduler::fail_all_for_shutdown(std::vector<std::shared_ptr<Job>>& active)
 bool Scheduler::drain(double timeout_s) {
   std::unique_lock lk(mu_);
   draining_ = true;
-  auto idle = [&] { return pending_.empty() && active_count_ == 0; };
+  auto idle = [&] { return pending_.empty() && active_count_ == 0 && waiting_.empty(); };
   if (timeout_s < 0) {
     drained_.wait(lk, idle);
     return true;

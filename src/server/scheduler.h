@@ -9,8 +9,10 @@
 // the other jobs in arrival order, runs one Context::decode, and hands every job its rows.
 //
 // Sessions (the native protocol's stateful conversations) live here too: their history, how much
-// of it is in the KV cache, when they were last used. All session state is guarded by one mutex;
-// the engine thread is the only one that touches the Context.
+// of it is in the KV cache, when they were last used, the step that holds the session and the
+// steps queued behind it (waiting_: they take a place in the queue but join pending_ only when
+// their turn comes). All session state is guarded by one mutex; the engine thread is the only
+// one that touches the Context.
 #pragma once
 
 #include <atomic>
@@ -43,8 +45,35 @@ struct FeedToken {
   bool want_logits = false;
 };
 
-// Why a job could not run; the HTTP layer turns it into a status code.
-enum class JobFailure { None, NoMemory, ContextFull, Internal, Cancelled, Draining };
+// Why a job could not run; the HTTP layer turns it into a status code. Refused: a session step
+// that waited behind another step failed its checks when its turn came (Job::refusal says why).
+enum class JobFailure { None, NoMemory, ContextFull, Internal, Cancelled, Draining, Refused };
+
+// Result of checking a step against its session.
+enum class StepCheck { Ok, Lost, Busy, PositionMismatch, TooLong };
+
+// What a session step asks of the history. The scheduler checks it when the step starts: at
+// once, or, for a step queued behind others of its session, when they have ended.
+struct StepStart {
+  int expected_pos = 0;
+  int rewind_to = -1;  // cut the history to this length first (-1: no cut)
+  std::vector<TokenId> append;
+  int extra_tokens = 0;  // what the step adds beyond `append` (generated tokens, drafts + 1)
+};
+
+// Where a started step stands, handed to its job's on_begin.
+struct StepBegun {
+  int pos = 0;                    // the history's length after the append
+  int kv_len = 0;                 // how much of it is in the slot's cache
+  std::vector<TokenId> uncached;  // history[kv_len, pos): what the step must feed
+};
+
+// Why a step did not start, and the position the client is told.
+struct StepRefusal {
+  StepCheck check = StepCheck::Ok;
+  int pos = 0;
+  std::string lost_reason;  // Lost: "expired", "evicted", "closed" or "unknown"
+};
 
 class Job {
  public:
@@ -59,6 +88,13 @@ class Job {
   // Session jobs: the history's length before this step appended to it; a step refused before
   // it runs (no KV room) gives the history back to it, so that the same request can be retried.
   int history_before = -1;
+  // Session jobs: what the step asks of the history (start_step checks it when the step starts).
+  StepStart step;
+  // Session jobs, filled by the scheduler before on_finish: the history's length once the step
+  // ended (what a cancelled step's answer reports), and with JobFailure::Refused why the step
+  // did not start.
+  int history_after = -1;
+  StepRefusal refusal;
   // The credential that queued the job: its jobs queued or running count against
   // --max-queue-per-key. Empty: counted in the total only.
   std::string owner;
@@ -75,6 +111,8 @@ class Job {
 
   std::vector<FeedToken> feed;  // tokens still to run, in order
   size_t fed = 0;               // feed[0, fed) already ran
+  // Set by cancel_steps: the device abandoned the history this step builds on. Unlike a hang-up,
+  // the step is answered (409 cancelled) and what it added to the history stays there.
   std::atomic<bool> cancelled{false};
   Clock::time_point enqueued = Clock::now();
 
@@ -84,11 +122,16 @@ class Job {
   // Called on the engine thread when the whole feed has run. Return true after replacing `feed`
   // (and resetting `fed` to 0) to continue, false when the job is done.
   virtual bool on_feed_done() = 0;
-  // Called exactly once, on the engine thread, when the job ends (ok or not).
+  // Called exactly once when the job ends (ok or not), and must not call the scheduler (it may
+  // run under its lock): on the engine thread, or, for a session step that waited and never
+  // started (cancelled, or refused by its checks), on the thread that ended it.
   virtual void on_finish(JobFailure failure, const std::string& message) = 0;
   // Called on the engine thread once the job has its slot (and, stateless, `cached`), before its
   // first batch: a stateless job builds its feed here.
   virtual void on_admit() {}
+  // Session steps: called under the scheduler's lock when the step passes its checks and takes
+  // the session, before it is queued; the job builds its feed here. Must not call the scheduler.
+  virtual void on_begin(const StepBegun& begun) { (void)begun; }
   // Sessions: the slot's new KV length to keep when the job is done (verify drops rejected
   // drafts). -1 keeps everything.
   int keep_after = -1;
@@ -107,9 +150,6 @@ struct SessionInfo {
   double idle_s = 0;
   uint64_t kv_bytes = 0;
 };
-
-// Result of trying to start a step on a session.
-enum class StepCheck { Ok, Lost, Busy, PositionMismatch, TooLong };
 
 // Result of creating a session.
 struct CreateResult {
@@ -144,20 +184,30 @@ class Scheduler {
   std::vector<SessionInfo> list_sessions() const;
   size_t open_sessions() const;
 
-  // Starts a step: cuts the history to `rewind_to` tokens when that is >= 0 (more than the
-  // history holds is a PositionMismatch), checks the position, appends `append` to the history
-  // and marks the session busy. A step refused here (any check but Ok) leaves the session as it
-  // was. On Ok, `pos` is the new length and `kv_len` how much of it is cached; the caller then
-  // submits a job for the session (which must call finish_step through its hooks).
-  StepCheck begin_step(const std::string& id, const std::string& owner, int expected_pos,
-                       int rewind_to, std::span<const TokenId> append, int extra_tokens, int* pos,
-                       int* kv_len, std::vector<TokenId>* uncached);
-  // Undoes begin_step when its job could not be queued: the history goes back to `length`
-  // (and to what a rewind cut off).
-  void abort_step(const std::string& id, int length);
+  // Starts the session step `job` (session_id, owner and step set) and queues it. Starting
+  // cuts the history to step.rewind_to when that is >= 0 (more than the history holds is a
+  // PositionMismatch), checks the position and n_ctx, appends step.append to the history (after
+  // keeping the cut tokens that step.append repeats, with their KV) and marks the session busy;
+  // the job's on_begin then builds its feed. While another step of the session is running, the
+  // step is refused as Busy, or with `may_wait` queued behind it (at most max_queued_steps per
+  // session; each holds a place in the queue and in its owner's quota) and started when the
+  // steps before it have ended, with every check made then; one that fails them then ends with
+  // JobFailure::Refused. False when refused now: `refusal` says why, or `why` when the queue
+  // or the owner's quota is full or the server drains. A refused step leaves the session as it
+  // was.
+  bool start_step(const std::shared_ptr<Job>& job, bool may_wait, StepRefusal* refusal,
+                  SubmitRefusal* why);
+  // Cancels the steps of `owner`'s session `id` that build on a history position >= from_pos
+  // (step.expected_pos + len(step.append) > from_pos): a waiting one ends at once, the running
+  // one at its next token boundary, both with JobFailure::Cancelled. Never waits for the
+  // running step. False when `owner` has no such session; else `*count` steps were cancelled
+  // and `*pos` is the history's length.
+  bool cancel_steps(const std::string& id, const std::string& owner, int from_pos, int* count,
+                    int* pos);
   // Engine thread, from a session job's hooks: the history grew by `produced` tokens (generated
-  // or accepted drafts + correction).
-  void session_append(const std::string& id, std::span<const TokenId> produced);
+  // or accepted drafts + correction). False, and nothing added, once the job is cancelled: the
+  // length cancel_steps reported stays the step's last.
+  bool session_append(const Job& job, std::span<const TokenId> produced);
 
   // ---- jobs (any thread) ----
   // Queues a job. False when the queue is full, the job's owner has max_queue_per_key jobs
@@ -181,6 +231,8 @@ class Scheduler {
     std::vector<TokenId> cut_tail;
     int kv_len = 0;  // history[0, kv_len) is in the slot's cache
     bool busy = false;
+    std::shared_ptr<Job> running;  // the step that holds the session (busy), queued or running
+    int waiting = 0;               // its steps in waiting_
     bool close_requested = false;
     Clock::time_point last_used = Clock::now();
   };
@@ -193,6 +245,10 @@ class Scheduler {
 
   void engine_loop();
   void admit_locked(std::vector<std::shared_ptr<Job>>& admitted);
+  // One queued job: it gets its slot and KV room (Admitted), is answered and leaves the queue
+  // (Ended: client gone, session lost, no room), or stays queued (Wait: stateless slots busy).
+  enum class Admission { Admitted, Ended, Wait };
+  Admission admit_one_locked(Job& job, uint64_t cap_tokens);
   // admit_locked's steps for one queued job. A session's step gets KV room in its own slot
   // (false: no room; its history is already put back). A stateless request gets the free slot
   // whose cache shares the longest prefix with its tokens, and KV room there.
@@ -211,9 +267,29 @@ class Scheduler {
   // Seconds until some other owner's idle session passes the grace period (at least 1), or 0
   // when none is idle.
   int seconds_until_evictable_locked(const Session* keep, bool holding_kv) const;
+  // start_step's parts. check_step_locked makes a step's checks on the session as it is;
+  // run_step_locked, for a step that passed them, changes the history, hands the job its
+  // StepBegun and queues it. take_queue_place_locked holds a place for the job in the queue
+  // and its owner's quota, or says why not.
+  StepRefusal check_step_locked(const Session& s, const StepStart& step) const;
+  void run_step_locked(Session& s, const std::shared_ptr<Job>& job);
+  bool take_queue_place_locked(Job& job, SubmitRefusal* why);
+  size_t queued_locked() const { return pending_.size() + active_count_ + waiting_.size(); }
   // Ends a step of `s` that will not run: the session takes its next step, and its history goes
   // back to `length` when that is a length it can go back to (-1: keeps what was appended).
+  // `s` may be gone after it, as after step_ended_locked.
   void end_unrun_step_locked(Session& s, int length);
+  // The session's step has ended: the first of its waiting steps that passes its checks takes
+  // the session and joins pending_; the others end (Refused, or Cancelled when their client
+  // left). With none, the session is idle. A session whose close waited for the step is
+  // forgotten instead (`s` is then gone) and its waiting steps are answered as lost.
+  void step_ended_locked(Session& s);
+  std::shared_ptr<Job> pop_waiting_locked(Session& s);
+  // Waiting steps whose client hung up end as cancelled (each engine iteration).
+  void drop_abandoned_waiting_locked();
+  // Answers given under the lock wait in deferred_ and are given by answer_deferred, after it.
+  void defer_answer_locked(std::shared_ptr<Job> job, JobFailure failure, std::string message);
+  void answer_deferred();
   void evict_locked(Session& s, const char* reason);
   void forget_locked(const std::string& id, const char* reason);
   void expire_idle_locked();
@@ -246,6 +322,7 @@ class Scheduler {
     size_t fit(const Job& job, size_t take);
   };
   void finish_job(const std::shared_ptr<Job>& job, JobFailure failure, const std::string& msg);
+  void end_session_job_locked(Session& s, Job& job, JobFailure failure);
   void release_slot(int slot);
   void fail_all_for_shutdown(std::vector<std::shared_ptr<Job>>& active);
 
@@ -259,6 +336,14 @@ class Scheduler {
   std::condition_variable wake_;
   std::condition_variable drained_;
   std::deque<std::shared_ptr<Job>> pending_;
+  // Session steps queued behind a running step of their session, in arrival order.
+  std::deque<std::shared_ptr<Job>> waiting_;
+  struct DeferredAnswer {
+    std::shared_ptr<Job> job;
+    JobFailure failure;
+    std::string message;
+  };
+  std::vector<DeferredAnswer> deferred_;
   size_t active_count_ = 0;
   bool draining_ = false;
   bool drain_expired_ = false;  // --drain-timeout passed: every job ends with Draining
