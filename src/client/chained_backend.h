@@ -36,6 +36,10 @@ class ChainedBackend {
   // queue a session's steps, or no session is open: the plain step() opens one). Not while a
   // plain step() runs.
   virtual int chain_lanes() const = 0;
+  // True when a step to `history` would go onto the chain as it stands; false when it must cut
+  // the session back (rewind_to) while steps are out: then it waits until none is, or a stale
+  // step could still reach the server after the cut and undo it.
+  virtual bool chains(std::span<const TokenId> history) const = 0;
   // Builds the next step of the chain. Not while a plain step() runs; not thread-safe.
   virtual ChainedStep chain(std::span<const TokenId> history, const CloudOp& op,
                             std::vector<TokenId> guess) = 0;

@@ -91,6 +91,7 @@ void CloudLink::new_conversation() {
   std::lock_guard lock(mu_);
   pending_new_conversation_ = true;
   pending_sync_.reset();
+  deferred_sync_.reset();
 }
 
 void CloudLink::sync(const std::vector<TokenId>& history) {
@@ -101,9 +102,13 @@ void CloudLink::sync(const std::vector<TokenId>& history) {
     // history past it is not settled yet).
     if (pending_request_ || awaited_id_ != 0 || !tickets_.empty()) return;
     start_conversation_locked();
-    if (chaining_locked()) {
-      // One push at a time: the next one, or the next consultation, carries what came since.
-      if (chain_.empty() && consecutive_failures_ == 0) chain_locked(history, CloudOp{}, {});
+    if (chaining_locked(history)) {
+      // One push at a time: the latest waits for the chain to drain (a consultation carries it).
+      if (!chain_.empty()) {
+        deferred_sync_ = history;
+      } else if (consecutive_failures_ == 0) {
+        chain_locked(history, CloudOp{}, {});
+      }
       return;
     }
     pending_sync_ = history;
@@ -125,14 +130,15 @@ Clock::time_point CloudLink::deadline_from_now() const {
 }
 
 // Chaining needs a backend and a server that can (a session is open, the server queues a
-// session's steps), no plain step running or waiting (they need the backend to themselves), and
-// a free lane.
-bool CloudLink::chaining_locked() const {
+// session's steps), no plain step running or waiting (they need the backend to themselves), a
+// free lane, and a step that goes onto the chain without cutting the session back under steps
+// still out.
+bool CloudLink::chaining_locked(const std::vector<TokenId>& history) const {
   if (!chained_ || busy_ || pending_request_ || awaited_id_ != 0 || pending_new_conversation_) {
     return false;
   }
   const int lanes = chained_->chain_lanes();
-  return lanes > 0 && chain_.size() < static_cast<size_t>(lanes);
+  return lanes > 0 && chain_.size() < static_cast<size_t>(lanes) && chained_->chains(history);
 }
 
 // A new conversation on a backend that chains (so its server cuts a session back instead of
@@ -146,9 +152,10 @@ void CloudLink::start_conversation_locked() {
   pending_new_conversation_ = false;
 }
 
-bool CloudLink::can_begin_another() const {
+bool CloudLink::can_begin_another(const std::vector<TokenId>& history) const {
   std::lock_guard lock(mu_);
-  return !disabled_ && Clock::now() >= retry_at_ && consecutive_failures_ == 0 && chaining_locked();
+  return !disabled_ && Clock::now() >= retry_at_ && consecutive_failures_ == 0 &&
+         chaining_locked(history);
 }
 
 uint64_t CloudLink::chain_locked(const std::vector<TokenId>& history, const CloudOp& op,
@@ -233,6 +240,13 @@ void CloudLink::settle_locked() {
     }
     job->settled = true;
   }
+  if (chain_.empty() && deferred_sync_) {
+    std::vector<TokenId> history = std::move(*deferred_sync_);
+    deferred_sync_.reset();
+    if (tickets_.empty() && consecutive_failures_ == 0 && chaining_locked(history)) {
+      chain_locked(history, CloudOp{}, {});
+    }
+  }
   counters_ = backend_->counters();
 }
 
@@ -258,8 +272,9 @@ uint64_t CloudLink::begin(const std::vector<TokenId>& history, const CloudOp& op
     return 0;
   }
   pending_sync_.reset();  // the request carries the history: a queued push is redundant
+  deferred_sync_.reset();
   start_conversation_locked();
-  if (chaining_locked()) return chain_locked(history, op, std::move(guess));
+  if (chaining_locked(history)) return chain_locked(history, op, std::move(guess));
   return begin_plain_locked(history, op);
 }
 
@@ -301,11 +316,14 @@ std::optional<CloudStepResult> CloudLink::collect_locked(std::unique_lock<std::m
     return std::nullopt;
   }
   if (job->valid) return std::move(job->answer);
-  if (job->failed || stop_) {
+  // A failure with time left (a connection cut by a restarting server) gets one plain try too,
+  // within the same deadline: the plain path reconnects and replays a lost session.
+  if (stop_ || disabled_ || (job->failed && Clock::now() >= job->deadline)) {
     if (why) *why = job->error ? job->error->what() : "the cloud link is closing";
     return std::nullopt;
   }
   const uint64_t again = begin_plain_locked(job->step.history, job->step.op);
+  awaited_deadline_ = job->deadline;
   return wait_plain_locked(lock, again, why);
 }
 

@@ -62,7 +62,7 @@ class CloudLink {
   // The decoder no longer wants ticket's answer (it went back past its position).
   void abandon(uint64_t ticket);
   // True when another consultation may begin while the ones begun are still out.
-  bool can_begin_another() const;
+  bool can_begin_another(const std::vector<TokenId>& history) const;
 
   // False while backing off after a failure or after a fatal error.
   bool ready() const;
@@ -94,7 +94,7 @@ class CloudLink {
   };
   void worker();
   void lane(int index);
-  bool chaining_locked() const;
+  bool chaining_locked(const std::vector<TokenId>& history) const;
   void start_conversation_locked();
   uint64_t chain_locked(const std::vector<TokenId>& history, const CloudOp& op,
                         std::vector<TokenId> guess);
@@ -134,6 +134,7 @@ class CloudLink {
   // order, the tickets the decoder may still collect, the chain's epoch, the lane threads.
   ChainedBackend* chained_ = nullptr;
   std::deque<std::shared_ptr<ChainJob>> chain_;
+  std::optional<std::vector<TokenId>> deferred_sync_;  // the latest push, until the chain drains
   std::map<uint64_t, std::shared_ptr<ChainJob>> tickets_;
   uint64_t epoch_ = 0;
   std::condition_variable cv_lane_;

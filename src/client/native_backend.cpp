@@ -115,6 +115,10 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     return can_queue_ && can_rewind_ && !session_.empty() ? kLanes : 0;
   }
 
+  bool chains(std::span<const TokenId> history) const override {
+    return outstanding_ == 0 || (!rewind_pending_ && extends(history, chain_));
+  }
+
   // The step that takes the session from what the chain so far leaves (chain_) to `history`, then
   // does `op`; the chain then assumes the session holds history + guess. A history that does not
   // extend the chain (another prompt) cuts the session back to their shared prefix.

@@ -1066,14 +1066,16 @@ void add_pipeline_counts(EdgeStats& sum, const EdgeStats& s) {
   sum.route_confirmed += s.route_confirmed;
   sum.route_changed += s.route_changed;
   sum.wasted_tokens += s.wasted_tokens;
+  sum.chained_steps += s.chained_steps;
 }
 
 // Both of the pipeline's ways were taken: answers that confirmed the held tokens and answers
-// that rewound past decoded ones.
+// that rewound past decoded ones; and the server's queue let steps go out while others were.
 void expect_both_ways(const EdgeStats& pipelined) {
   EXPECT_GT(pipelined.route_confirmed, 0);
   EXPECT_GT(pipelined.route_changed, 0);
   EXPECT_GT(pipelined.wasted_tokens, 0);
+  EXPECT_GT(pipelined.chained_steps, 0);
 }
 
 // Runs body(rtt, url, prompts, n) with the cloud behind a delay proxy adding 0, 20 and 100 ms:
