@@ -7,7 +7,8 @@
 #     gsm8k    the first 6 GSM8K test items, 3 shots, answers up to 256 tokens
 #     lambada  LAMBADA passages 2576-2625 (the reported half's first 50), zero-shot
 # For each round trip (0, 20, 100, 200 ms): local, cloud, route at a 7% target (confidence) and
-# speculative (drafts of 4), each blocking and pipelined  -> $OUT/rtt-TASK-RTT{,-blocking}
+# speculative (drafts of 4), each blocking and pipelined  -> $OUT/rtt-TASK-RTT{,-blocking};
+# and route at 100 ms without sync-ahead, blocking and pipelined -> $OUT/rtt-TASK-100-nosync*
 # Env: TANDEM_BUILD (default build), OUT (default eval-out).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,5 +41,12 @@ for task in "${TASKS[@]}"; do
     taskset -c 0 "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" "${SELECT[@]}" \
       --modes route,speculative --rates 0.07 --policy confidence --target-gain 0.2 --draft 4 --no-pipeline \
       --rtt-ms "$rtt" --no-plots -t 1 --out "$OUT/rtt-$task-$rtt-blocking"
+  done
+  # Item 2 of issue 24: does a route event wait behind a sync-ahead push? Route at 100 ms
+  # without pushes, blocking and pipelined, against the runs above.
+  for how in --no-pipeline --pipeline; do
+    taskset -c 0 "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" "${SELECT[@]}" \
+      --modes route --rates 0.07 --policy confidence --target-gain 0.2 "$how" --no-sync-ahead \
+      --rtt-ms 100 --no-plots -t 1 --out "$OUT/rtt-$task-100-nosync$how"
   done
 done

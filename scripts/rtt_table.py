@@ -58,6 +58,17 @@ def main():
                   f"{x.get('route_confirmed', 0) / n:.1f} / {x.get('route_changed', 0) / n:.1f} | "
                   f"{x.get('wasted_tokens', 0) / n:.1f} | {x['route_events'] / n:.1f} |")
 
+    print()
+    print(f"| {task}, route 7% at 100 ms | sync-ahead | seconds per answer | wait_ms per answer |")
+    print("|---|---|---|---|")
+    for how, suffix in (("blocking", "--no-pipeline"), ("pipelined", "--pipeline")):
+        on = by_rtt[100].get(f"route 7%, {how}")
+        off = next(iter(runs(os.path.join(out, f"rtt-{task}-100-nosync{suffix}")).values()), None)
+        for label, x in (("on", on), ("off", off)):
+            if x:
+                print(f"| {how} | {label} | {x['ms_per_answer'] / 1000:.2f} | "
+                      f"{x.get('wait_ms_per_answer', 0):.0f} |")
+
 
 if __name__ == "__main__":
     main()
