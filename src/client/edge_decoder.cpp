@@ -556,24 +556,33 @@ struct EdgeDecoder::Turn {
   // ---- speculative and cloud modes ----
 
   // Greedy drafts from the small model, at most room - 1 so that the cloud's extra token still
-  // fits; the drafts run ahead in the local KV (kept when accepted).
-  std::vector<TokenId> draft(int room) {
+  // fits; the drafts run ahead in the local KV (kept when accepted). With blocks out, an answer
+  // that comes in is settled between two drafts, so that a changed block throws away at most
+  // one draft decoded after its answer; when it rewinds or ends the answer, that outcome is in
+  // *settled and the drafts are void.
+  std::vector<TokenId> draft(int room, std::optional<Resolved>* settled) {
     d.ensure_local_logits();
     const int n_draft = std::min(d.options_.draft, room - 1);
     std::vector<TokenId> drafts;
-    const auto t0 = Clock::now();
     for (int i = 0; i < n_draft; ++i) {
       const TokenId t = argmax(d.logits_);
       drafts.push_back(t);
       if (d.model_.is_end_of_generation(t) || i + 1 == n_draft) break;
+      const auto t0 = Clock::now();
       const BatchToken bt{t, static_cast<int32_t>(d.local_tokens_.size()), 0, true};
       d.ctx_->decode(std::span<const BatchToken>(&bt, 1));
       d.local_tokens_.push_back(t);
       const auto row = d.ctx_->logits(0);
       d.logits_.assign(row.begin(), row.end());
       d.logits_pos_ = d.local_tokens_.size();
+      d.local_ms_ += ms_since(t0);
+      while (!flights.empty() && d.link_->answered(flights.front().ticket)) {
+        const Resolved r = resolve();
+        if (r == Resolved::Confirmed) continue;
+        *settled = r;
+        return {};
+      }
     }
-    d.local_ms_ += ms_since(t0);
     return drafts;
   }
 
@@ -584,7 +593,9 @@ struct EdgeDecoder::Turn {
     if (flights.empty() && !(d.link_ && d.link_->ready())) return take_verdict(std::nullopt, {});
     // With blocks out, this one is drafted before anything is waited for; the drafts of a block
     // that an answer rewinds past go with the rewind (the KV is cut back).
-    std::vector<TokenId> drafts = draft(remaining());
+    std::optional<Resolved> settled;
+    std::vector<TokenId> drafts = draft(remaining(), &settled);
+    if (settled) return *settled == Resolved::Rewound;
     const bool chains = !drafts.empty() && !d.model_.is_end_of_generation(drafts.back());
     while (!flights.empty() && !(chains && room_for_another())) {
       const Resolved first = resolve();

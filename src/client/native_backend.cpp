@@ -171,13 +171,14 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       mirror_.insert(mirror_.end(), answer->tokens.begin(), answer->tokens.end());
       ++counters_.steps;
       if (answer->tokens == step.guess) return;
+      // The server holds exactly the mirror unless steps sent later were built on the guess
+      // that did not hold: whatever they write lies past the mirror, and the next step cuts it.
+      rewind_pending_ = outstanding_ > 0;
     } else {
       mirror_.resize(std::min(mirror_.size(), step.from));
+      rewind_pending_ = true;  // the step may or may not have written past the mirror
     }
-    // Later steps were built on a guess that did not hold: whatever they write lies past the
-    // mirror, and the next step cuts it away.
     chain_ = mirror_;
-    rewind_pending_ = true;
   }
 
  private:
