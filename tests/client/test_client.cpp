@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -101,6 +102,7 @@ class ServeProcess {
                  .string();
       pid_ = fork();
       if (pid_ == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);  // the server dies with a test that dies
         const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) {
           dup2(fd, 1);

@@ -3,6 +3,7 @@
 // asking any item twice.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include <filesystem>
@@ -29,6 +30,7 @@ std::vector<json> read_lines(const fs::path& p) {
 pid_t spawn(const std::vector<std::string>& args) {
   const pid_t pid = fork();
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // the server dies with a test that dies
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(strdup(a.c_str()));
     argv.push_back(nullptr);

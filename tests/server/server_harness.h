@@ -5,6 +5,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -152,6 +153,9 @@ class ServerProcess {
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = fork();
     if (pid_ == 0) {
+      // A test that dies (an ASan report, a crash) takes its server with it: an orphan would keep
+      // ctest's output pipe open and hang the whole run.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);

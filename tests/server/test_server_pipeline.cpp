@@ -364,7 +364,8 @@ TEST(Pipeline, RewindKeepsTheTailTheAppendRepeats) {
                         {{"expected_pos", 0}, {"append", prompt}, {"generate", {{"n", 8}}}});
   ASSERT_EQ(r.status, 200) << r.body;
   std::vector<int> history = prompt;
-  for (int t : r.j()["tokens"]) history.push_back(t);
+  const json first = r.j();  // range-for over r.j()["tokens"] would outlive the temporary
+  for (int t : first["tokens"]) history.push_back(t);
   const std::vector<int> more = {50, 51, 52};
   auto with_more = [&](size_t keep) {
     std::vector<int> h(history.begin(), history.begin() + static_cast<std::ptrdiff_t>(keep));
@@ -393,7 +394,8 @@ TEST(Pipeline, RewindKeepsTheTailTheAppendRepeats) {
     EXPECT_EQ(r.j()["tokens"], want.j()["tokens"]);
     EXPECT_EQ(r.j()["pos"], want.j()["pos"]);
     history = want_history;
-    for (int t : r.j()["tokens"]) history.push_back(t);
+    const json answer = r.j();
+    for (int t : answer["tokens"]) history.push_back(t);
   }
 }
 
