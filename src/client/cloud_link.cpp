@@ -206,7 +206,6 @@ void CloudLink::lane(int index) {
     lock.lock();
     job->done = true;
     job->answer = std::move(answer);
-    job->refused = !job->answer && !error;
     job->error = std::move(error);
     settle_locked();
     cv_done_.notify_all();
@@ -308,12 +307,7 @@ std::optional<CloudStepResult> CloudLink::collect_locked(std::unique_lock<std::m
   tickets_.erase(job->ticket);
   if (!job->settled) {
     ++epoch_;  // its answer, when it comes, no longer counts; nor does any later step's
-    const CloudError e(
-        CloudError::Kind::Unavailable,
-        "the cloud did not answer within " + std::to_string(options_.timeout_s) + " s");
-    note_failure_locked(e);
-    if (why) *why = e.what();
-    return std::nullopt;
+    return timed_out_locked(why);
   }
   if (job->valid) return std::move(job->answer);
   // A failure with time left (a connection cut by a restarting server) gets one plain try too,
@@ -325,6 +319,15 @@ std::optional<CloudStepResult> CloudLink::collect_locked(std::unique_lock<std::m
   const uint64_t again = begin_plain_locked(job->step.history, job->step.op);
   awaited_deadline_ = job->deadline;
   return wait_plain_locked(lock, again, why);
+}
+
+// A consultation that ran past its deadline: a failure (the link backs off), told in *why.
+std::optional<CloudStepResult> CloudLink::timed_out_locked(std::string* why) {
+  const CloudError e(CloudError::Kind::Unavailable, "the cloud did not answer within " +
+                                                        std::to_string(options_.timeout_s) + " s");
+  note_failure_locked(e);
+  if (why) *why = e.what();
+  return std::nullopt;
 }
 
 void CloudLink::abandon(uint64_t id) {
@@ -340,12 +343,7 @@ std::optional<CloudStepResult> CloudLink::wait_plain_locked(std::unique_lock<std
   if (id == awaited_id_) awaited_id_ = 0;
   if (!done || done_id_ != id) {
     if (pending_request_ && pending_request_->id == id) pending_request_.reset();
-    const CloudError e(
-        CloudError::Kind::Unavailable,
-        "the cloud did not answer within " + std::to_string(options_.timeout_s) + " s");
-    note_failure_locked(e);
-    if (why) *why = e.what();
-    return std::nullopt;
+    return timed_out_locked(why);
   }
   if (!result_) {
     if (why) *why = error_;

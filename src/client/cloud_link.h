@@ -85,9 +85,8 @@ class CloudLink {
     ChainedStep step;
     uint64_t epoch = 0;  // the chain it belongs to: stale once epoch_ moved on
     bool running = false, done = false, settled = false;
-    std::optional<CloudStepResult> answer;  // done: the answer, or nullopt
-    bool refused = false;                   // done without answer: out of order, not a failure
-    std::optional<CloudError> error;        // done without answer: the failure
+    std::optional<CloudStepResult> answer;  // done: the answer, or nullopt (refused or failed)
+    std::optional<CloudError> error;        // done without answer and not refused: the failure
     bool valid = false;                     // settled: the answer stands
     bool failed = false;                    // settled: the step itself failed (not stale)
     std::chrono::steady_clock::time_point deadline{};
@@ -104,6 +103,7 @@ class CloudLink {
                                                 std::string* why);
   std::chrono::steady_clock::time_point deadline_from_now() const;
   uint64_t begin_plain_locked(const std::vector<TokenId>& history, const CloudOp& op);
+  std::optional<CloudStepResult> timed_out_locked(std::string* why);
   std::optional<CloudStepResult> wait_plain_locked(std::unique_lock<std::mutex>& lock, uint64_t id,
                                                    std::string* why);
   void note_failure_locked(const CloudError& e);

@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "client/chained_backend.h"
 #include "client/cloud_answer.h"
@@ -152,11 +153,8 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       if (r.status == 409 || r.status == 410) return std::nullopt;
       if (r.status != 200) throw cloud::status_error(r, what);
       CloudStepResult out = parse_step(r, what, step.op, step.history.size());
-      if (out.pos != static_cast<int>(step.history.size() + out.tokens.size())) {
-        throw CloudError(CloudError::Kind::Unavailable,
-                         what + ": the server says pos " + std::to_string(out.pos) +
-                             " after the step, the edge counts " +
-                             std::to_string(step.history.size() + out.tokens.size()));
+      if (auto wrong = wrong_pos(out, step.history.size(), what)) {
+        throw CloudError(CloudError::Kind::Unavailable, *wrong);
       }
       return out;
     });
@@ -275,11 +273,9 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     }
     mirror_.assign(history.begin(), history.end());
     mirror_.insert(mirror_.end(), out.tokens.begin(), out.tokens.end());
-    if (out.pos != static_cast<int>(mirror_.size())) {
-      const std::string msg = what + ": the server says pos " + std::to_string(out.pos) +
-                              " after the step, the edge counts " + std::to_string(mirror_.size());
+    if (auto wrong = wrong_pos(out, history.size(), what)) {
       drop_session();  // whatever it holds, it is not what we think: replay next time
-      throw CloudError(CloudError::Kind::Unavailable, msg);
+      throw CloudError(CloudError::Kind::Unavailable, *wrong);
     }
     ++counters_.steps;
     return out;
@@ -315,6 +311,15 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     }
   }
 
+  // A step's answer must put the session at the history it was sent plus the tokens it added;
+  // otherwise what is wrong, for the error.
+  static std::optional<std::string> wrong_pos(const CloudStepResult& out, size_t history_size,
+                                              const std::string& what) {
+    const size_t counted = history_size + out.tokens.size();
+    if (out.pos == static_cast<int>(counted)) return std::nullopt;
+    return what + ": the server says pos " + std::to_string(out.pos) +
+           " after the step, the edge counts " + std::to_string(counted);
+  }
   static size_t common_prefix(const std::vector<TokenId>& a, std::span<const TokenId> b) {
     return static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first -
                                a.begin());
