@@ -19,6 +19,7 @@
 #include "client/chained_backend.h"
 #include "client/cloud_answer.h"
 #include "common/error.h"
+#include "common/history_hash.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
 
@@ -113,7 +114,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   // ---- chained steps (client/chained_backend.h) ----
 
   int chain_lanes() const override {
-    return can_queue_ && can_rewind_ && !session_.empty() ? kLanes : 0;
+    return can_queue_ && can_rewind_ && can_hash_ && !session_.empty() ? kLanes : 0;
   }
 
   bool chains(std::span<const TokenId> history) const override {
@@ -135,6 +136,10 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     }
     json body = step_body(history, op, from, cut);
     body["queue"] = true;
+    // Two steps sent one after the other on two connections may reach the server in the other
+    // order; the hash makes one that overtook the step it builds on fail (409) even where the
+    // history it found has the length it expects.
+    body["expected_hash"] = HistoryHash::hex(HistoryHash::of(history.first(from)));
     ++counters_.chained_steps;
     rewind_pending_ = false;
     chain_.assign(history.begin(), history.end());
@@ -420,11 +425,12 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
           static_cast<int>(cloud::int_field_or(l, "max_generate", what, 0, INT_MAX, 0));
       info.max_draft = static_cast<int>(cloud::int_field_or(l, "max_draft", what, 0, INT_MAX, 0));
     }
-    can_rewind_ = can_queue_ = false;
+    can_rewind_ = can_queue_ = can_hash_ = false;
     if (const auto f = j.find("features"); f != j.end() && f->is_array()) {
       for (const json& name : *f) {
         can_rewind_ |= name.is_string() && name == "rewind";
         can_queue_ |= name.is_string() && name == "queue";
+        can_hash_ |= name.is_string() && name == "history_hash";
       }
     }
   }
@@ -480,6 +486,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   bool fresh_conversation_ = false;  // new_conversation() was called: the next open is no replay
   bool can_rewind_ = false;          // the server lists "rewind" (a step's rewind_to)
   bool can_queue_ = false;           // the server lists "queue" (a session's steps wait in turn)
+  bool can_hash_ = false;            // the server lists "history_hash" (a step's expected_hash)
   bool rewind_pending_ = false;      // the next step cuts the session to mirror_.size() first
   // Chained steps: a connection per lane; the history the server holds once every step sent
   // and not yet settled is answered as guessed; how many those are.

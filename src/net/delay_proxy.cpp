@@ -5,6 +5,7 @@
 #include <boost/asio.hpp>
 #include <chrono>
 #include <deque>
+#include <random>
 #include <thread>
 
 #include "common/error.h"
@@ -19,10 +20,17 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 // One direction of one connection: read a chunk, hold it until its due time, write it, in order.
+// A chunk is due `delay` after it arrived, plus a random 0..jitter; never before the one ahead.
 class Pipe : public std::enable_shared_from_this<Pipe> {
  public:
-  Pipe(std::shared_ptr<tcp::socket> from, std::shared_ptr<tcp::socket> to, Clock::duration delay)
-      : from_(std::move(from)), to_(std::move(to)), delay_(delay), timer_(from_->get_executor()) {}
+  Pipe(std::shared_ptr<tcp::socket> from, std::shared_ptr<tcp::socket> to, Clock::duration delay,
+       Clock::duration jitter, uint64_t seed)
+      : from_(std::move(from)),
+        to_(std::move(to)),
+        delay_(delay),
+        jitter_(jitter),
+        random_(seed),
+        timer_(from_->get_executor()) {}
 
   void start() { read(); }
 
@@ -40,7 +48,7 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
             if (self->queue_.empty() && !self->writing_) self->shutdown();
             return;
           }
-          self->queue_.push_back({Clock::now() + self->delay_, std::string(self->buf_.data(), n)});
+          self->queue_.push_back({self->due(), std::string(self->buf_.data(), n)});
           if (!self->writing_) self->write_next();
           self->read();
         });
@@ -67,6 +75,16 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
     });
   }
 
+  Clock::time_point due() {
+    Clock::time_point t = Clock::now() + delay_;
+    if (jitter_.count() > 0) {
+      std::uniform_int_distribution<Clock::rep> extra(0, jitter_.count());
+      t += Clock::duration(extra(random_));
+    }
+    if (!queue_.empty()) t = std::max(t, queue_.back().due);
+    return t;
+  }
+
   // The sender closed: pass the end on (half-close), as a real network would.
   void shutdown() {
     boost::system::error_code ec;
@@ -74,7 +92,8 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
   }
 
   std::shared_ptr<tcp::socket> from_, to_;
-  Clock::duration delay_;
+  Clock::duration delay_, jitter_;
+  std::mt19937_64 random_;
   asio::steady_timer timer_;
   std::array<char, 16384> buf_{};
   std::deque<Chunk> queue_;
@@ -87,7 +106,8 @@ struct DelayProxy::Impl {
   asio::io_context io;
   tcp::acceptor acceptor{io};
   tcp::endpoint target;
-  Clock::duration half_rtt;
+  Clock::duration half_rtt, half_jitter;
+  std::mt19937_64 seeds{std::random_device{}()};
   std::thread thread;
 
   void accept() {
@@ -104,15 +124,16 @@ struct DelayProxy::Impl {
         boost::system::error_code ignore;
         up->set_option(tcp::no_delay(true), ignore);
         down->set_option(tcp::no_delay(true), ignore);
-        std::make_shared<Pipe>(down, up, half_rtt)->start();
-        std::make_shared<Pipe>(up, down, half_rtt)->start();
+        std::make_shared<Pipe>(down, up, half_rtt, half_jitter, seeds())->start();
+        std::make_shared<Pipe>(up, down, half_rtt, half_jitter, seeds())->start();
       });
       accept();
     });
   }
 };
 
-DelayProxy::DelayProxy(const std::string& target_host, uint16_t target_port, double rtt_ms)
+DelayProxy::DelayProxy(const std::string& target_host, uint16_t target_port, double rtt_ms,
+                       double jitter_ms)
     : impl_(std::make_unique<Impl>()) {
   boost::system::error_code ec;
   const auto addr =
@@ -121,6 +142,8 @@ DelayProxy::DelayProxy(const std::string& target_host, uint16_t target_port, dou
   impl_->target = tcp::endpoint(addr, target_port);
   impl_->half_rtt = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double, std::milli>(rtt_ms / 2));
+  impl_->half_jitter = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double, std::milli>(jitter_ms / 2));
   const tcp::endpoint ep(asio::ip::make_address("127.0.0.1"), 0);
   impl_->acceptor.open(ep.protocol());
   impl_->acceptor.set_option(asio::socket_base::reuse_address(true));

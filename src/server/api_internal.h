@@ -104,8 +104,8 @@ struct Api::Impl {
   json limits_json;
   // Additions to protocol 1 a client may use when listed: "rewind" (a step's rewind_to),
   // "queue" (a step's queue: wait behind the session's running step), "cancel" (POST
-  // /tandem/v1/sessions/{id}/cancel).
-  const json features_json = json::array({"rewind", "queue", "cancel"});
+  // /tandem/v1/sessions/{id}/cancel), "history_hash" (a step's expected_hash).
+  const json features_json = json::array({"rewind", "queue", "cancel", "history_hash"});
 
   // Last, so it is destroyed first: its threads stop before anything they use goes away.
   std::unique_ptr<CpuWorkers> workers;

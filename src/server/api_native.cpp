@@ -39,8 +39,10 @@ void refuse_unknown_fields(const json& j, std::initializer_list<const char*> kno
 }
 
 StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& o) {
-  refuse_unknown_fields(
-      j, {"expected_pos", "rewind_to", "append", "generate", "verify", "top_n", "queue"}, "a step");
+  refuse_unknown_fields(j,
+                        {"expected_pos", "expected_hash", "rewind_to", "append", "generate",
+                         "verify", "top_n", "queue"},
+                        "a step");
   StepRequest r;
   StepStart& st = r.start;
   if (!field(j, "expected_pos")) throw bad("expected_pos", "is required");
@@ -50,6 +52,13 @@ StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& 
     if (st.expected_pos != st.rewind_to) {
       throw bad("expected_pos", "must equal rewind_to (" + std::to_string(st.rewind_to) +
                                     "): it counts the history after the cut");
+    }
+  }
+  if (const json* h = field(j, "expected_hash")) {
+    st.expected_hash =
+        h->is_string() ? HistoryHash::parse_hex(h->get_ref<const std::string&>()) : std::nullopt;
+    if (!st.expected_hash) {
+      throw bad("expected_hash", "must be 16 lowercase hex digits (the history's FNV-1a hash)");
     }
   }
   if (const json* a = field(j, "append")) st.append = get_ids(*a, "append", n_vocab, n_ctx);
@@ -103,6 +112,11 @@ ApiError step_refused(const StepRefusal& r, const StepStart& st, const std::stri
                       std::string(st.rewind_to >= 0 ? "rewind_to" : "expected_pos") + " is " +
                           std::to_string(st.expected_pos) + " but the session's history has " +
                           std::to_string(r.pos) + " tokens",
+                      pos);
+    case StepCheck::HistoryMismatch:
+      return ApiError(409, "history_mismatch",
+                      "the session's first " + std::to_string(r.pos) +
+                          " tokens are not the history expected_hash names",
                       pos);
     case StepCheck::TooLong:
     case StepCheck::Ok:

@@ -246,15 +246,37 @@ bool Scheduler::start_step(const std::shared_ptr<Job>& job, bool may_wait, StepR
 
 // Every check a step makes before it changes anything, on the history it finds: a refused step
 // leaves the session exactly as it was.
-StepRefusal Scheduler::check_step_locked(const Session& s, const StepStart& step) const {
+StepRefusal Scheduler::check_step_locked(Session& s, const StepStart& step) {
   const int length = static_cast<int>(s.history.size());
   if (step.rewind_to > length) return {StepCheck::PositionMismatch, length, {}};
   const int kept = step.rewind_to >= 0 ? step.rewind_to : length;
   if (step.expected_pos != kept) return {StepCheck::PositionMismatch, kept, {}};
+  if (step.expected_hash && *step.expected_hash != prefix_hash(s, kept)) {
+    return {StepCheck::HistoryMismatch, kept, {}};
+  }
   const size_t total =
       static_cast<size_t>(kept) + step.append.size() + static_cast<size_t>(step.extra_tokens);
   if (total > static_cast<size_t>(options_.n_ctx)) return {StepCheck::TooLong, kept, {}};
   return {StepCheck::Ok, length, {}};
+}
+
+uint64_t Scheduler::prefix_hash(Session& s, int n) {
+  if (n < s.hashed_len) {
+    s.hash = HistoryHash();
+    s.hashed_len = 0;
+  }
+  s.hash.add(std::span<const TokenId>(s.history).subspan(static_cast<size_t>(s.hashed_len),
+                                                         static_cast<size_t>(n - s.hashed_len)));
+  s.hashed_len = n;
+  return s.hash.value();
+}
+
+void Scheduler::cut_history(Session& s, int n) {
+  s.history.resize(static_cast<size_t>(n));
+  if (n < s.hashed_len) {
+    s.hash = HistoryHash();
+    s.hashed_len = 0;
+  }
 }
 
 // Cuts the history for a checked step, appends its tokens, gives the job its StepBegun and
@@ -275,7 +297,7 @@ void Scheduler::run_step_locked(Session& s, const std::shared_ptr<Job>& job) {
   if (kept < length) {
     // The cache keeps the history but its last token (every step needs a logits row); the
     // slot itself is cut to kv_len when the step's job is admitted.
-    s.history.resize(kept);
+    cut_history(s, kept);
     s.kv_len = std::min(s.kv_len, std::max(kept - 1, 0));
   }
   s.history.insert(s.history.end(), step.append.begin() + static_cast<std::ptrdiff_t>(same),
@@ -355,7 +377,7 @@ bool Scheduler::take_queue_place_locked(Job& job, SubmitRefusal* why) {
 
 void Scheduler::end_unrun_step_locked(Session& s, int length) {
   if (length >= s.kv_len && length <= static_cast<int>(s.history.size())) {
-    s.history.resize(length);
+    cut_history(s, length);
     s.history.insert(s.history.end(), s.cut_tail.begin(), s.cut_tail.end());
   }
   s.cut_tail.clear();
@@ -733,7 +755,7 @@ void Scheduler::end_session_job_locked(Session& s, Job& job, JobFailure failure)
   // cancelled step keeps what it appended and generated (its answer says how far it got).
   if (failure != JobFailure::None && !job.cancelled && job.history_before >= 0 &&
       job.history_before <= static_cast<int>(s.history.size())) {
-    s.history.resize(job.history_before);
+    cut_history(s, job.history_before);
   }
   // Whatever happened, the cache holds a prefix of the history (drafts beyond it dropped) but
   // never its last token, so that the next step has a logits row to feed even with an empty

@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/history_hash.h"
 #include "tandem/engine.h"
 #include "tandem/server.h"  // SchedulerOptions
 
@@ -50,13 +51,15 @@ struct FeedToken {
 enum class JobFailure { None, NoMemory, ContextFull, Internal, Cancelled, Draining, Refused };
 
 // Result of checking a step against its session.
-enum class StepCheck { Ok, Lost, Busy, PositionMismatch, TooLong };
+enum class StepCheck { Ok, Lost, Busy, PositionMismatch, HistoryMismatch, TooLong };
 
 // What a session step asks of the history. The scheduler checks it when the step starts: at
 // once, or, for a step queued behind others of its session, when they have ended.
 struct StepStart {
   int expected_pos = 0;
   int rewind_to = -1;  // cut the history to this length first (-1: no cut)
+  // HistoryHash of history[0, expected_pos), after the cut (nullopt: not checked)
+  std::optional<uint64_t> expected_hash;
   std::vector<TokenId> append;
   int extra_tokens = 0;  // what the step adds beyond `append` (generated tokens, drafts + 1)
 };
@@ -230,6 +233,10 @@ class Scheduler {
     // What the running step's rewind cut off the history; a step that never runs puts it back.
     std::vector<TokenId> cut_tail;
     int kv_len = 0;  // history[0, kv_len) is in the slot's cache
+    // HistoryHash of history[0, hashed_len): a step's expected_hash costs only what was added
+    // since the last one. Every cut of the history goes through cut_history, which resets it.
+    HistoryHash hash;
+    int hashed_len = 0;
     bool busy = false;
     std::shared_ptr<Job> running;  // the step that holds the session (busy), queued or running
     int waiting = 0;               // its steps in waiting_
@@ -271,7 +278,11 @@ class Scheduler {
   // run_step_locked, for a step that passed them, changes the history, hands the job its
   // StepBegun and queues it. take_queue_place_locked holds a place for the job in the queue
   // and its owner's quota, or says why not.
-  StepRefusal check_step_locked(const Session& s, const StepStart& step) const;
+  StepRefusal check_step_locked(Session& s, const StepStart& step);
+  // HistoryHash of s.history[0, n); cut_history shortens the history (and forgets the hash of
+  // what it cut).
+  static uint64_t prefix_hash(Session& s, int n);
+  static void cut_history(Session& s, int n);
   void run_step_locked(Session& s, const std::shared_ptr<Job>& job);
   bool take_queue_place_locked(Job& job, SubmitRefusal* why);
   size_t queued_locked() const { return pending_.size() + active_count_ + waiting_.size(); }

@@ -1088,10 +1088,11 @@ void expect_both_ways(const EdgeStats& pipelined) {
 // fewer and shorter answers as the round trip grows.
 template <class Body>
 void at_round_trips(const ServeProcess& serve, const Model& edge, const Body& body) {
-  for (const auto& [rtt, n_prompts, n] :
-       {std::tuple{0.0, 6, 16}, std::tuple{20.0, 3, 16}, std::tuple{100.0, 2, 10}}) {
+  for (const auto& [rtt, jitter, n_prompts, n] :
+       {std::tuple{0.0, 0.0, 6, 16}, std::tuple{20.0, 20.0, 3, 16},
+        std::tuple{100.0, 0.0, 2, 10}}) {
     const uint16_t port = static_cast<uint16_t>(std::stoi(serve.url().substr(17)));
-    net::DelayProxy proxy("127.0.0.1", port, rtt);
+    net::DelayProxy proxy("127.0.0.1", port, rtt, jitter);
     body(rtt, "http://127.0.0.1:" + std::to_string(proxy.port()), pipeline_prompts(edge, n_prompts),
          n);
   }

@@ -1,5 +1,6 @@
-// The loopback delay proxy of tandem eval --rtt-ms: bytes pass intact and in order both ways,
-// closing is passed on, and no round trip through it is shorter than the delay it adds.
+// The loopback delay proxy of tandem eval --rtt-ms: bytes pass intact and in order both ways
+// (with jitter too), closing is passed on, and no round trip through it is shorter than the delay
+// it adds.
 #include <gtest/gtest.h>
 
 #include <utility>  // before Boost 1.74's asio (std::exchange)
@@ -36,9 +37,11 @@ struct EchoServer {
   uint16_t port() const { return acceptor.local_endpoint().port(); }
 };
 
-TEST(DelayProxy, RelaysIntactInOrderAndAddsTheRoundTrip) {
+// With and without jitter (which delays chunks by different amounts, but never reorders them).
+void relays_intact_in_order_and_adds_the_round_trip(double jitter_ms) {
+  SCOPED_TRACE(jitter_ms);
   EchoServer echo;
-  DelayProxy proxy("127.0.0.1", echo.port(), 40);
+  DelayProxy proxy("127.0.0.1", echo.port(), 40, jitter_ms);
   asio::io_context io;
   tcp::socket s(io);
   s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), proxy.port()));
@@ -65,6 +68,14 @@ TEST(DelayProxy, RelaysIntactInOrderAndAddsTheRoundTrip) {
   boost::system::error_code ec;
   s.read_some(asio::buffer(rest), ec);
   EXPECT_EQ(ec, asio::error::eof);
+}
+
+TEST(DelayProxy, RelaysIntactInOrderAndAddsTheRoundTrip) {
+  relays_intact_in_order_and_adds_the_round_trip(0);
+}
+
+TEST(DelayProxy, WithJitterStillRelaysIntactInOrder) {
+  relays_intact_in_order_and_adds_the_round_trip(30);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // so that other requests land while it runs; every wait is bounded, no timing is asserted.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -148,7 +149,7 @@ TEST(Pipeline, InfoAndSessionsListQueueAndCancel) {
   const HttpResult created = c.post("/tandem/v1/sessions", json::object());
   for (const HttpResult* r : {&info, &created}) {
     ASSERT_TRUE(r->status == 200 || r->status == 201) << r->body;
-    EXPECT_EQ(r->j()["features"], json::array({"rewind", "queue", "cancel"}));
+    EXPECT_EQ(r->j()["features"], json::array({"rewind", "queue", "cancel", "history_hash"}));
     EXPECT_EQ(r->j()["limits"]["max_queued_steps"], 2);
   }
 }
@@ -397,6 +398,82 @@ TEST(Pipeline, RewindKeepsTheTailTheAppendRepeats) {
     const json answer = r.j();
     for (int t : answer["tokens"]) history.push_back(t);
   }
+}
+
+// The protocol's history hash, written out here on its own (docs/protocol.md): FNV-1a 64 over
+// each id's 4 bytes, little-endian, as 16 lowercase hex digits.
+std::string fnv1a_hex(const std::vector<int>& ids) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const int id : ids) {
+    for (int b = 0; b < 4; ++b)
+      h = (h ^ ((static_cast<uint32_t>(id) >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+  }
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+// A step that overtook the cut it builds on (two connections, the later request first) finds a
+// history of the very length it expects; its expected_hash makes it fail 409 history_mismatch
+// and change nothing, and it runs once the cut has. The hash is checked across a cut (the
+// server's cached hash of the longer history is not reused) and must be well formed.
+TEST(Pipeline, ExpectedHashRefusesAStepThatOvertookTheCutItBuildsOn) {
+  ASSERT_EQ(fnv1a_hex({}), "cbf29ce484222325");
+  ASSERT_EQ(fnv1a_hex({1, 2, 3}), "fd1f0f4381eb0395");
+  ServerProcess server(model_path());
+  TestClient c = server.client();
+  const std::string s = new_session(c);
+  const std::vector<int> before = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int> after = {1, 2, 3, 4, 9, 10, 11, 12};  // cut to 4, 4 others appended
+  HttpResult r =
+      c.post(session_path(s, "/step"),
+             {{"expected_pos", 0}, {"expected_hash", fnv1a_hex({})}, {"append", before}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json cut = {{"rewind_to", 4},
+                    {"expected_pos", 4},
+                    {"expected_hash", fnv1a_hex({1, 2, 3, 4})},
+                    {"append", std::vector<int>(after.begin() + 4, after.end())}};
+  const json next = {
+      {"expected_pos", 8}, {"expected_hash", fnv1a_hex(after)}, {"generate", {{"n", 2}}}};
+  r = c.post(session_path(s, "/step"), next);
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_EQ(error_code(r), "history_mismatch") << r.body;
+  EXPECT_EQ(r.j()["error"]["pos"], 8);
+  // The right hash of the history as it stands passes (and the server caches it)...
+  r = c.post(session_path(s, "/step"), {{"expected_pos", 8}, {"expected_hash", fnv1a_hex(before)}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  // ... the cut goes through, and the step built on it now runs on what it was built for.
+  r = c.post(session_path(s, "/step"), cut);
+  ASSERT_EQ(r.status, 200) << r.body;
+  r = c.post(session_path(s, "/step"), next);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string fresh = new_session(c);
+  const HttpResult want =
+      c.post(session_path(fresh, "/step"),
+             {{"expected_pos", 0}, {"append", after}, {"generate", {{"n", 2}}}});
+  ASSERT_EQ(want.status, 200) << want.body;
+  EXPECT_EQ(r.j()["tokens"], want.j()["tokens"]);
+  EXPECT_EQ(r.j()["pos"], 10);
+  for (const json& bad : {json("C79F11E5FF234BA5"), json("c79f11e5ff234ba"), json(""), json(12345),
+                          json("c79f11e5ff234ba5x")}) {
+    r = c.post(session_path(s, "/step"), {{"expected_pos", 10}, {"expected_hash", bad}});
+    EXPECT_EQ(r.status, 400) << bad.dump() << ": " << r.body;
+    EXPECT_EQ(r.j()["error"]["field"], "expected_hash") << r.body;
+  }
+}
+
+// A queued step is checked when its turn comes: one built on a history of the right length
+// but other tokens than the running step leaves fails 409 history_mismatch then.
+TEST(Pipeline, QueuedStepChecksItsHashWhenItsTurnComes) {
+  BusySession b;
+  json step = generate_step(kAfterLong, 1, true);
+  step["expected_hash"] = fnv1a_hex(std::vector<int>(kAfterLong, 7));
+  InFlight& waiting = b.queue(step);
+  EXPECT_EQ(b.first->get().status, 200) << b.first->get().body;
+  const HttpResult& r = waiting.get();
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_EQ(error_code(r), "history_mismatch") << r.body;
+  EXPECT_EQ(r.j()["error"]["pos"], kAfterLong);
 }
 
 }  // namespace
