@@ -64,7 +64,10 @@ bodies = {
     7: ['{"expected_pos":0,"append":[1,2,3],"generate":{"n":4,"temperature":0.7,"top_p":0.9,"seed":1},"top_n":2}',
         '{"expected_pos":3,"verify":{"draft":[5,6,7]}}', '{"expected_pos":3,"rewind_to":3,"append":[4]}',
         '{"expected_pos":1.5,"append":[1e9]}', '{"expected_pos":0,"append":' + deep + '}',
-        '{"expected_pos":0,"append":[1,2],"generate":{"n":2},"queue":true}'],
+        '{"expected_pos":0,"append":[1,2],"generate":{"n":2},"queue":true}',
+        '{"expected_pos":3,"expected_hash":"fd1f0f4381eb0395","append":[4],"generate":{"n":1}}',
+        '{"expected_pos":3,"rewind_to":3,"expected_hash":"FD1F0F4381EB0395","append":[4]}',
+        '{"expected_pos":3,"expected_hash":12}'],
     8: ['{"from_pos":0}', '{"from_pos":-1}', '{"from_pos":2,"x":1}', '{"from_pos":' + deep + '}'],
 }
 n = 0

@@ -8,9 +8,16 @@
 // they arrive. The edge settles the steps in that same order: one answered as guessed keeps the
 // chain; one answered otherwise, failed or refused makes every later one stale, and the backend
 // falls back to the prefix of the history it knows the server holds, cutting the session back
-// there (rewind_to) with its next step.
+// there (rewind_to) with its next step -- at once, stale steps still out or not.
+//
+// Every step names the length and the hash of the history it builds on (expected_pos,
+// expected_hash), so a step that reaches the server out of turn -- one that overtook the step it
+// builds on, or a stale one that arrives after the cut -- is refused (409) instead of running on
+// a history it was not built for. So the order in which the steps arrive can cost a redo, never
+// a wrong answer.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -27,20 +34,18 @@ struct ChainedStep {
   std::vector<TokenId> guess;    // the answer the edge assumes (empty: a sync, or no guess)
   CloudOp op;
   size_t from = 0;  // where its append (after any cut) starts: it writes nothing before this
+  uint64_t generation = 0;  // the cuts sent up to and including this step
 };
 
 class ChainedBackend {
  public:
   virtual ~ChainedBackend() = default;
   // Steps that may be in flight at once: 0 while chaining is impossible (the server does not
-  // queue a session's steps, or no session is open: the plain step() opens one). Not while a
-  // plain step() runs.
+  // queue a session's steps or check their history's hash, or no session is open: the plain
+  // step() opens one). Not while a plain step() runs.
   virtual int chain_lanes() const = 0;
-  // True when a step to `history` would go onto the chain as it stands; false when it must cut
-  // the session back (rewind_to) while steps are out: then it waits until none is, or a stale
-  // step could still reach the server after the cut and undo it.
-  virtual bool chains(std::span<const TokenId> history) const = 0;
-  // Builds the next step of the chain. Not while a plain step() runs; not thread-safe.
+  // Builds the next step of the chain, to any history (one that does not extend the chain cuts
+  // the session back). Not while a plain step() runs; not thread-safe.
   virtual ChainedStep chain(std::span<const TokenId> history, const CloudOp& op,
                             std::vector<TokenId> guess) = 0;
   // Runs a step on lane `lane`'s connection; any thread, one step per lane at a time. The answer

@@ -102,7 +102,7 @@ void CloudLink::sync(const std::vector<TokenId>& history) {
     // history past it is not settled yet).
     if (pending_request_ || awaited_id_ != 0 || !tickets_.empty()) return;
     start_conversation_locked();
-    if (chaining_locked(history)) {
+    if (chaining_locked()) {
       // One push at a time: the latest waits for the chain to drain (a consultation carries it).
       if (!chain_.empty()) {
         deferred_sync_ = history;
@@ -130,32 +130,29 @@ Clock::time_point CloudLink::deadline_from_now() const {
 }
 
 // Chaining needs a backend and a server that can (a session is open, the server queues a
-// session's steps), no plain step running or waiting (they need the backend to themselves), a
-// free lane, and a step that goes onto the chain without cutting the session back under steps
-// still out.
-bool CloudLink::chaining_locked(const std::vector<TokenId>& history) const {
+// session's steps), no plain step running or waiting (they need the backend to themselves) and
+// a free lane.
+bool CloudLink::chaining_locked() const {
   if (!chained_ || busy_ || pending_request_ || awaited_id_ != 0 || pending_new_conversation_) {
     return false;
   }
   const int lanes = chained_->chain_lanes();
-  return lanes > 0 && chain_.size() < static_cast<size_t>(lanes) && chained_->chains(history);
+  return lanes > 0 && chain_.size() < static_cast<size_t>(lanes);
 }
 
 // A new conversation on a backend that chains (so its server cuts a session back instead of
-// opening another): nothing to send, so it need not wait for the worker.
+// opening another): nothing to send, so it need not wait for the worker, nor for the steps of
+// the last conversation still out (stale from now on: the next step cuts them away).
 void CloudLink::start_conversation_locked() {
-  if (!pending_new_conversation_ || !chained_ || busy_ || !chain_.empty() ||
-      chained_->chain_lanes() == 0) {
-    return;
-  }
+  if (!pending_new_conversation_ || !chained_ || busy_ || chained_->chain_lanes() == 0) return;
   backend_->new_conversation();
   pending_new_conversation_ = false;
+  if (!chain_.empty()) ++epoch_;
 }
 
-bool CloudLink::can_begin_another(const std::vector<TokenId>& history) const {
+bool CloudLink::can_begin_another() const {
   std::lock_guard lock(mu_);
-  return !disabled_ && Clock::now() >= retry_at_ && consecutive_failures_ == 0 &&
-         chaining_locked(history);
+  return !disabled_ && Clock::now() >= retry_at_ && consecutive_failures_ == 0 && chaining_locked();
 }
 
 uint64_t CloudLink::chain_locked(const std::vector<TokenId>& history, const CloudOp& op,
@@ -242,7 +239,7 @@ void CloudLink::settle_locked() {
   if (chain_.empty() && deferred_sync_) {
     std::vector<TokenId> history = std::move(*deferred_sync_);
     deferred_sync_.reset();
-    if (tickets_.empty() && consecutive_failures_ == 0 && chaining_locked(history)) {
+    if (tickets_.empty() && consecutive_failures_ == 0 && chaining_locked()) {
       chain_locked(history, CloudOp{}, {});
     }
   }
@@ -273,7 +270,7 @@ uint64_t CloudLink::begin(const std::vector<TokenId>& history, const CloudOp& op
   pending_sync_.reset();  // the request carries the history: a queued push is redundant
   deferred_sync_.reset();
   start_conversation_locked();
-  if (chaining_locked(history)) return chain_locked(history, op, std::move(guess));
+  if (chaining_locked()) return chain_locked(history, op, std::move(guess));
   return begin_plain_locked(history, op);
 }
 

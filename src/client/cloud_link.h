@@ -62,7 +62,7 @@ class CloudLink {
   // The decoder no longer wants ticket's answer (it went back past its position).
   void abandon(uint64_t ticket);
   // True when another consultation may begin while the ones begun are still out.
-  bool can_begin_another(const std::vector<TokenId>& history) const;
+  bool can_begin_another() const;
 
   // False while backing off after a failure or after a fatal error.
   bool ready() const;
@@ -93,7 +93,7 @@ class CloudLink {
   };
   void worker();
   void lane(int index);
-  bool chaining_locked(const std::vector<TokenId>& history) const;
+  bool chaining_locked() const;
   void start_conversation_locked();
   uint64_t chain_locked(const std::vector<TokenId>& history, const CloudOp& op,
                         std::vector<TokenId> guess);

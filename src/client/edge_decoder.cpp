@@ -401,7 +401,7 @@ struct EdgeDecoder::Turn {
   // Consultations out at once, at most: a sync and this many fill a server's session queue.
   static constexpr size_t kMaxFlights = 2;
   bool room_for_another() const {
-    return flights.size() < kMaxFlights && d.link_->can_begin_another(d.history_);
+    return flights.size() < kMaxFlights && d.link_->can_begin_another();
   }
 
   void count_agreement(bool same) { ++(same ? st.route_confirmed : st.route_changed); }

@@ -117,13 +117,10 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     return can_queue_ && can_rewind_ && can_hash_ && !session_.empty() ? kLanes : 0;
   }
 
-  bool chains(std::span<const TokenId> history) const override {
-    return outstanding_ == 0 || (!rewind_pending_ && extends(history, chain_));
-  }
-
   // The step that takes the session from what the chain so far leaves (chain_) to `history`, then
   // does `op`; the chain then assumes the session holds history + guess. A history that does not
-  // extend the chain (another prompt) cuts the session back to their shared prefix.
+  // extend the chain (another prompt), or a chain with a cut pending, cuts the session back: that
+  // step starts a generation, and the steps of earlier ones still out no longer count.
   ChainedStep chain(std::span<const TokenId> history, const CloudOp& op,
                     std::vector<TokenId> guess) override {
     if (outstanding_ == 0) chain_ = mirror_;
@@ -134,20 +131,25 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       cut = true;
       ++counters_.rewinds;
     }
+    if (cut) {
+      ++generation_;
+      in_generation_ = 0;
+    }
     json body = step_body(history, op, from, cut);
     body["queue"] = true;
-    // Two steps sent one after the other on two connections may reach the server in the other
-    // order; the hash makes one that overtook the step it builds on fail (409) even where the
-    // history it found has the length it expects.
-    body["expected_hash"] = HistoryHash::hex(HistoryHash::of(history.first(from)));
     ++counters_.chained_steps;
     rewind_pending_ = false;
     chain_.assign(history.begin(), history.end());
     chain_.insert(chain_.end(), guess.begin(), guess.end());
     ++outstanding_;
-    return ChainedStep{
-        session_,         body.dump(), std::vector<TokenId>(history.begin(), history.end()),
-        std::move(guess), op,          from};
+    ++in_generation_;
+    return ChainedStep{.session = session_,
+                       .body = body.dump(),
+                       .history = std::vector<TokenId>(history.begin(), history.end()),
+                       .guess = std::move(guess),
+                       .op = op,
+                       .from = from,
+                       .generation = generation_};
   }
 
   std::optional<CloudStepResult> run_chained(int lane, const ChainedStep& step) override {
@@ -167,8 +169,13 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
 
   // What the server surely holds after the step: its history and answer; after a step with no
   // (usable) answer, only what lies before anything it could have written.
+  // A step sent before the latest cut changes nothing here: whatever it did, the cut (queued
+  // behind it, or refusing it by hash should it arrive later) takes the session where the chain
+  // says.
   void settle(const ChainedStep& step, const CloudStepResult* answer) override {
     --outstanding_;
+    if (step.generation != generation_) return;
+    --in_generation_;
     if (answer) {
       mirror_ = step.history;
       mirror_.insert(mirror_.end(), answer->tokens.begin(), answer->tokens.end());
@@ -176,7 +183,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       if (answer->tokens == step.guess) return;
       // The server holds exactly the mirror unless steps sent later were built on the guess
       // that did not hold: whatever they write lies past the mirror, and the next step cuts it.
-      rewind_pending_ = outstanding_ > 0;
+      rewind_pending_ = in_generation_ > 0;
     } else {
       mirror_.resize(std::min(mirror_.size(), step.from));
       rewind_pending_ = true;  // the step may or may not have written past the mirror
@@ -242,11 +249,14 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     }
   }
 
-  // The step request (docs/protocol.md): {"expected_pos", "rewind_to"?, "append": [what the
-  // server lacks of history], and "generate": {...} or "verify": {"draft": [...]} by op}.
+  // The step request (docs/protocol.md): {"expected_pos", "expected_hash"?, "rewind_to"?,
+  // "append": [what the server lacks of history], and "generate": {...} or "verify": {"draft":
+  // [...]} by op}. The hash makes a session whose history has the expected length but other
+  // tokens (a step that reached it out of turn) refuse the step instead of running it there.
   json step_body(std::span<const TokenId> history, const CloudOp& op, size_t from, bool cut) const {
     json body;
     body["expected_pos"] = from;
+    if (can_hash_) body["expected_hash"] = HistoryHash::hex(HistoryHash::of(history.first(from)));
     if (cut) body["rewind_to"] = from;
     body["append"] = std::vector<TokenId>(history.begin() + from, history.end());
     if (op.kind == CloudOpKind::Generate) {
@@ -286,9 +296,10 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     return out;
   }
 
-  // A 409: the session is busy (throws), or its position differs from what the edge sent. The
-  // edge resends from the server's position when that is one it can resend from, and otherwise
-  // (no position, or one past what the edge knows) replays into a new session.
+  // A 409: the session is busy (throws), its history differs from what the edge sent (resend it
+  // all), or its position does. The edge resends from the server's position when that is one
+  // it can resend from, and otherwise (no position, or one past what the edge knows) replays
+  // into a new session.
   void resend_or_replay(const net::HttpResponse& r, std::span<const TokenId> history,
                         const std::string& what) {
     static const json empty = json::object();
@@ -296,7 +307,23 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     const json& top = j.is_object() ? j : empty;
     const auto e_it = top.find("error");
     const json& e = e_it != top.end() && e_it->is_object() ? *e_it : top;
-    if (cloud::string_field_or(e, "code", what, 64, "") == "session_busy") {
+    const std::string code = cloud::string_field_or(e, "code", what, 64, "");
+    if (code == "history_mismatch") {
+      // The session holds other tokens than the edge believed (a step that reached it out of
+      // turn): send the whole history from position 0, where the server keeps what matches (KV
+      // too), or replay it into a new session.
+      ++counters_.resends;
+      if (can_rewind_) {
+        mirror_.clear();
+        rewind_pending_ = true;
+      } else {
+        close();
+        open_session();
+        count_replay(history.size());
+      }
+      return;
+    }
+    if (code == "session_busy") {
       // tandem serve answers this (not in protocol v1) while an earlier step of the session,
       // whose answer the edge gave up on, still runs: its outcome is unknown, try later.
       mirror_.assign(history.begin(), history.end());
@@ -489,10 +516,13 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   bool can_hash_ = false;            // the server lists "history_hash" (a step's expected_hash)
   bool rewind_pending_ = false;      // the next step cuts the session to mirror_.size() first
   // Chained steps: a connection per lane; the history the server holds once every step sent
-  // and not yet settled is answered as guessed; how many those are.
+  // and not yet settled is answered as guessed; how many those are; the cuts sent so far, and
+  // how many of the steps out were sent since the latest.
   std::vector<std::unique_ptr<net::HttpClient>> lanes_;
   std::vector<TokenId> chain_;
   int outstanding_ = 0;
+  uint64_t generation_ = 0;
+  int in_generation_ = 0;
 };
 
 }  // namespace
