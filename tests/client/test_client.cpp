@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -168,8 +169,9 @@ class ServeProcess {
 class BadCloud {
  public:
   // Conflict: the first step gets 409 position_mismatch with pos 0; later steps are answered
-  // as a real session would (every generated token is `kFakeToken`).
-  enum class Mode { Garbage, Truncated, Status500, Silent, Conflict };
+  // as a real session would (every generated token is `kFakeToken`). HistoryConflict: the
+  // session lists rewind and history_hash, and its second step gets 409 history_mismatch.
+  enum class Mode { Garbage, Truncated, Status500, Silent, Conflict, HistoryConflict };
   static constexpr TokenId kFakeToken = 7;
   BadCloud(Mode mode, std::string vocab_hash, int n_vocab)
       : mode_(mode), vocab_hash_(std::move(vocab_hash)), n_vocab_(n_vocab) {
@@ -240,6 +242,9 @@ class BadCloud {
         body =
             R"({"session":"s1","pos":0,"protocol":1,"model":{"name":"bad","arch":"llama","n_vocab":)" +
             std::to_string(n_vocab_) + R"(,"vocab_hash":")" + vocab_hash_ + R"("}})";
+        if (mode_ == Mode::HistoryConflict) {
+          body.insert(body.size() - 1, R"(,"features":["rewind","history_hash"])");
+        }
       } else {
         const bool is_step = head.find("/step HTTP") != std::string::npos;
         if (is_step) ++steps_;
@@ -249,10 +254,20 @@ class BadCloud {
           bodies_.push_back(req);
         }
         switch (mode_) {
-          case Mode::Conflict: {
-            if (is_step && steps_ == 1) {
+          case Mode::Conflict:
+          case Mode::HistoryConflict: {
+            if (is_step && steps_ == 1 && mode_ == Mode::Conflict) {
               status = 409;
               body = R"({"error":{"code":"position_mismatch","message":"expected_pos","pos":0}})";
+              break;
+            }
+            if (is_step && steps_ == 2 && mode_ == Mode::HistoryConflict) {
+              status = 409;
+              body = nlohmann::json{{"error",
+                                     {{"code", "history_mismatch"},
+                                      {"message", "other tokens"},
+                                      {"pos", req.value("expected_pos", 0)}}}}
+                         .dump();
               break;
             }
             const int n = req.contains("generate") ? req["generate"].value("n", 1) : 0;
@@ -794,6 +809,42 @@ TEST_F(EdgeCloudTest, PositionMismatchIsResentFromTheServersPosition) {
   // Only the new token goes up after that.
   EXPECT_EQ(bodies[2]["expected_pos"], prompt_.size());
   EXPECT_EQ(bodies[2]["append"].get<std::vector<TokenId>>(), std::vector<TokenId>{11});
+  EXPECT_EQ(b->counters().resends, 1);
+  EXPECT_EQ(b->counters().replays, 0);
+}
+
+// A step names the hash of the history it builds on (FNV-1a over the ids' little-endian bytes,
+// docs/protocol.md); one refused with 409 history_mismatch (the session holds other tokens of
+// that length) is sent again as the whole history from position 0, cutting the session there.
+TEST_F(EdgeCloudTest, HistoryMismatchResendsTheWholeHistoryFromZero) {
+  BadCloud cloud(BadCloud::Mode::HistoryConflict, edge_model_->tokenizer().fingerprint_hex(),
+                 edge_model_->tokenizer().n_vocab());
+  auto b = backend(cloud.url());
+  b->connect();
+  std::vector<TokenId> history = prompt_;
+  b->step(history, CloudOp{});
+  history.push_back(11);
+  CloudOp gen;
+  gen.kind = CloudOpKind::Generate;
+  gen.n_generate = 2;
+  const CloudStepResult r = b->step(history, gen);  // 409 history_mismatch, then resent
+  EXPECT_EQ(r.tokens, std::vector<TokenId>(2, BadCloud::kFakeToken));
+  const auto bodies = cloud.step_bodies();
+  ASSERT_EQ(bodies.size(), 3u);
+  EXPECT_EQ(bodies[0]["expected_hash"], "cbf29ce484222325");  // the empty history
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const TokenId t : prompt_) {
+    for (int i = 0; i < 4; ++i)
+      h = (h ^ ((static_cast<uint32_t>(t) >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  EXPECT_EQ(bodies[1]["expected_pos"], prompt_.size());
+  EXPECT_EQ(bodies[1]["expected_hash"], hex);
+  EXPECT_EQ(bodies[2]["rewind_to"], 0);
+  EXPECT_EQ(bodies[2]["expected_pos"], 0);
+  EXPECT_EQ(bodies[2]["expected_hash"], "cbf29ce484222325");
+  EXPECT_EQ(bodies[2]["append"].get<std::vector<TokenId>>(), history);
   EXPECT_EQ(b->counters().resends, 1);
   EXPECT_EQ(b->counters().replays, 0);
 }
