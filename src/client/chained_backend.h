@@ -48,6 +48,9 @@ class ChainedBackend {
   // the session back). Not while a plain step() runs; not thread-safe.
   virtual ChainedStep chain(std::span<const TokenId> history, const CloudOp& op,
                             std::vector<TokenId> guess) = 0;
+  // One more token of the guess of `step`, the last step chain() built and not yet settled (the
+  // decoder learns its own next token after the step went out). Not thread-safe.
+  virtual void extend_guess(ChainedStep& step, TokenId token) = 0;
   // Runs a step on lane `lane`'s connection; any thread, one step per lane at a time. The answer
   // (checked as step() checks it); nullopt when the server refused the step as out of order or
   // the session is gone (409, 410): do it again with step(). Throws CloudError.

@@ -327,6 +327,16 @@ std::optional<CloudStepResult> CloudLink::timed_out_locked(std::string* why) {
   return std::nullopt;
 }
 
+void CloudLink::extend_guess(uint64_t id, TokenId token) {
+  std::lock_guard lock(mu_);
+  const auto it = tickets_.find(id);
+  if (it == tickets_.end() || it->second->settled || chain_.empty() ||
+      chain_.back() != it->second) {
+    return;
+  }
+  chained_->extend_guess(it->second->step, token);
+}
+
 void CloudLink::abandon(uint64_t id) {
   std::lock_guard lock(mu_);
   tickets_.erase(id);

@@ -61,6 +61,10 @@ class CloudLink {
   bool answered(uint64_t ticket) const;
   // The decoder no longer wants ticket's answer (it went back past its position).
   void abandon(uint64_t ticket);
+  // One more token of the guess of the consultation begun last (`ticket`), which the decoder
+  // learned after begin(): the next step then builds on it too. Nothing once the answer is
+  // settled (it was then taken as not guessed) or for a plain consultation.
+  void extend_guess(uint64_t ticket, TokenId token);
   // True when another consultation may begin while the ones begun are still out.
   bool can_begin_another() const;
 

@@ -634,18 +634,21 @@ struct EdgeDecoder::Turn {
     const size_t pos = d.history_.size();
     Flight f{0,  pos, d.router_, d.sampler_.state(), {}, {}, 0.0f, decided_threshold, -1,
              {}, {},  {}};
+    // The block goes out before the last draft is decoded (that decode would only delay it);
+    // the small model's next token then completes the guess, here and on the link.
+    std::string why;
+    f.ticket = d.link_->begin(d.history_, op, drafts, &why);
+    if (f.ticket == 0) {
+      note_failure(why);
+      return take_verdict(std::nullopt, drafts);
+    }
     // The logits at pos are not kept (drafting moved them on): a rewind recomputes them.
     d.history_.insert(d.history_.end(), drafts.begin(), drafts.end());
     d.ensure_local_logits();  // decodes the last draft: the small model's next token
     f.guess = drafts;
     f.guess.push_back(argmax(d.logits_));
+    d.link_->extend_guess(f.ticket, f.guess.back());
     d.history_.resize(pos);
-    std::string why;
-    f.ticket = d.link_->begin(d.history_, op, f.guess, &why);
-    if (f.ticket == 0) {
-      note_failure(why);
-      return take_verdict(std::nullopt, drafts);
-    }
     f.drafts = std::move(drafts);
     f.sent = Clock::now();
     flights.push_back(std::move(f));

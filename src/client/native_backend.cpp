@@ -152,6 +152,11 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
                        .generation = generation_};
   }
 
+  void extend_guess(ChainedStep& step, TokenId token) override {
+    step.guess.push_back(token);
+    chain_.push_back(token);
+  }
+
   std::optional<CloudStepResult> run_chained(int lane, const ChainedStep& step) override {
     return cloud::only_cloud_errors("cloud step", [&]() -> std::optional<CloudStepResult> {
       const std::string what = "cloud step at position " + std::to_string(step.from);
