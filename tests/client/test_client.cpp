@@ -15,7 +15,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -23,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/protocol_hash.h"
 #include "common/testdata.h"
 #include "net/http_client.h"
 #include "router/router_file.h"
@@ -832,15 +832,8 @@ TEST_F(EdgeCloudTest, HistoryMismatchResendsTheWholeHistoryFromZero) {
   const auto bodies = cloud.step_bodies();
   ASSERT_EQ(bodies.size(), 3u);
   EXPECT_EQ(bodies[0]["expected_hash"], "cbf29ce484222325");  // the empty history
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const TokenId t : prompt_) {
-    for (int i = 0; i < 4; ++i)
-      h = (h ^ ((static_cast<uint32_t>(t) >> (8 * i)) & 0xff)) * 0x100000001b3ull;
-  }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   EXPECT_EQ(bodies[1]["expected_pos"], prompt_.size());
-  EXPECT_EQ(bodies[1]["expected_hash"], hex);
+  EXPECT_EQ(bodies[1]["expected_hash"], testing::protocol_hash_hex(prompt_));
   EXPECT_EQ(bodies[2]["rewind_to"], 0);
   EXPECT_EQ(bodies[2]["expected_pos"], 0);
   EXPECT_EQ(bodies[2]["expected_hash"], "cbf29ce484222325");

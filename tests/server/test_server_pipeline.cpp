@@ -8,7 +8,6 @@
 // so that other requests land while it runs; every wait is bounded, no timing is asserted.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/protocol_hash.h"
 #include "common/testdata.h"
 #include "server_harness.h"
 
@@ -400,26 +400,13 @@ TEST(Pipeline, RewindKeepsTheTailTheAppendRepeats) {
   }
 }
 
-// The protocol's history hash, written out here on its own (docs/protocol.md): FNV-1a 64 over
-// each id's 4 bytes, little-endian, as 16 lowercase hex digits.
-std::string fnv1a_hex(const std::vector<int>& ids) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const int id : ids) {
-    for (int b = 0; b < 4; ++b)
-      h = (h ^ ((static_cast<uint32_t>(id) >> (8 * b)) & 0xff)) * 0x100000001b3ull;
-  }
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-  return out;
-}
-
 // A step that overtook the cut it builds on (two connections, the later request first) finds a
 // history of the very length it expects; its expected_hash makes it fail 409 history_mismatch
 // and change nothing, and it runs once the cut has. The hash is checked across a cut (the
 // server's cached hash of the longer history is not reused) and must be well formed.
 TEST(Pipeline, ExpectedHashRefusesAStepThatOvertookTheCutItBuildsOn) {
-  ASSERT_EQ(fnv1a_hex({}), "cbf29ce484222325");
-  ASSERT_EQ(fnv1a_hex({1, 2, 3}), "fd1f0f4381eb0395");
+  ASSERT_EQ(protocol_hash_hex({}), "cbf29ce484222325");
+  ASSERT_EQ(protocol_hash_hex({1, 2, 3}), "fd1f0f4381eb0395");
   ServerProcess server(model_path());
   TestClient c = server.client();
   const std::string s = new_session(c);
@@ -427,20 +414,21 @@ TEST(Pipeline, ExpectedHashRefusesAStepThatOvertookTheCutItBuildsOn) {
   const std::vector<int> after = {1, 2, 3, 4, 9, 10, 11, 12};  // cut to 4, 4 others appended
   HttpResult r =
       c.post(session_path(s, "/step"),
-             {{"expected_pos", 0}, {"expected_hash", fnv1a_hex({})}, {"append", before}});
+             {{"expected_pos", 0}, {"expected_hash", protocol_hash_hex({})}, {"append", before}});
   ASSERT_EQ(r.status, 200) << r.body;
   const json cut = {{"rewind_to", 4},
                     {"expected_pos", 4},
-                    {"expected_hash", fnv1a_hex({1, 2, 3, 4})},
+                    {"expected_hash", protocol_hash_hex({1, 2, 3, 4})},
                     {"append", std::vector<int>(after.begin() + 4, after.end())}};
   const json next = {
-      {"expected_pos", 8}, {"expected_hash", fnv1a_hex(after)}, {"generate", {{"n", 2}}}};
+      {"expected_pos", 8}, {"expected_hash", protocol_hash_hex(after)}, {"generate", {{"n", 2}}}};
   r = c.post(session_path(s, "/step"), next);
   EXPECT_EQ(r.status, 409) << r.body;
   EXPECT_EQ(error_code(r), "history_mismatch") << r.body;
   EXPECT_EQ(r.j()["error"]["pos"], 8);
   // The right hash of the history as it stands passes (and the server caches it)...
-  r = c.post(session_path(s, "/step"), {{"expected_pos", 8}, {"expected_hash", fnv1a_hex(before)}});
+  r = c.post(session_path(s, "/step"),
+             {{"expected_pos", 8}, {"expected_hash", protocol_hash_hex(before)}});
   ASSERT_EQ(r.status, 200) << r.body;
   // ... the cut goes through, and the step built on it now runs on what it was built for.
   r = c.post(session_path(s, "/step"), cut);
@@ -467,7 +455,7 @@ TEST(Pipeline, ExpectedHashRefusesAStepThatOvertookTheCutItBuildsOn) {
 TEST(Pipeline, QueuedStepChecksItsHashWhenItsTurnComes) {
   BusySession b;
   json step = generate_step(kAfterLong, 1, true);
-  step["expected_hash"] = fnv1a_hex(std::vector<int>(kAfterLong, 7));
+  step["expected_hash"] = protocol_hash_hex(std::vector<int>(kAfterLong, 7));
   InFlight& waiting = b.queue(step);
   EXPECT_EQ(b.first->get().status, 200) << b.first->get().body;
   const HttpResult& r = waiting.get();
