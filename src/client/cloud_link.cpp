@@ -330,10 +330,8 @@ std::optional<CloudStepResult> CloudLink::timed_out_locked(std::string* why) {
 void CloudLink::extend_guess(uint64_t id, TokenId token) {
   std::lock_guard lock(mu_);
   const auto it = tickets_.find(id);
-  if (it == tickets_.end() || it->second->settled || chain_.empty() ||
-      chain_.back() != it->second) {
-    return;
-  }
+  // A job on the chain is not settled yet; only the last one's guess may grow.
+  if (it == tickets_.end() || chain_.empty() || chain_.back() != it->second) return;
   chained_->extend_guess(it->second->step, token);
 }
 

@@ -248,9 +248,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       rewind_pending_ = true;
       ++counters_.rewinds;
     } else {
-      close();
-      open_session();
-      count_replay(history.size());
+      replay_into_new_session(history.size());
     }
   }
 
@@ -322,9 +320,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
         mirror_.clear();
         rewind_pending_ = true;
       } else {
-        close();
-        open_session();
-        count_replay(history.size());
+        replay_into_new_session(history.size());
       }
       return;
     }
@@ -342,9 +338,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
         static_cast<size_t>(pos) <= history.size()) {
       mirror_.resize(static_cast<size_t>(pos));
     } else {
-      close();
-      open_session();
-      count_replay(history.size());
+      replay_into_new_session(history.size());
     }
   }
 
@@ -369,6 +363,13 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   void count_replay(size_t n) {
     ++counters_.replays;
     counters_.replayed_tokens += n;
+  }
+
+  // The session is closed and another opened; the next step sends all `n` tokens of the history.
+  void replay_into_new_session(size_t n) {
+    close();
+    open_session();
+    count_replay(n);
   }
 
   void drop_session() {

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/splitmix.h"
 #include "net/http_client.h"
 
 namespace tandem::net {
@@ -78,8 +79,8 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
   Clock::time_point due() {
     Clock::time_point t = Clock::now() + delay_;
     if (jitter_.count() > 0) {
-      std::uniform_int_distribution<Clock::rep> extra(0, jitter_.count());
-      t += Clock::duration(extra(random_));
+      const double share = unit_interval(splitmix64(random_));
+      t += Clock::duration(static_cast<Clock::rep>(share * static_cast<double>(jitter_.count())));
     }
     if (!queue_.empty()) t = std::max(t, queue_.back().due);
     return t;
@@ -93,7 +94,7 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
 
   std::shared_ptr<tcp::socket> from_, to_;
   Clock::duration delay_, jitter_;
-  std::mt19937_64 random_;
+  uint64_t random_;  // splitmix64 state
   asio::steady_timer timer_;
   std::array<char, 16384> buf_{};
   std::deque<Chunk> queue_;
@@ -107,7 +108,7 @@ struct DelayProxy::Impl {
   tcp::acceptor acceptor{io};
   tcp::endpoint target;
   Clock::duration half_rtt, half_jitter;
-  std::mt19937_64 seeds{std::random_device{}()};
+  uint64_t seeds = std::random_device{}();  // splitmix64 state: each pipe's seed
   std::thread thread;
 
   void accept() {
@@ -124,8 +125,8 @@ struct DelayProxy::Impl {
         boost::system::error_code ignore;
         up->set_option(tcp::no_delay(true), ignore);
         down->set_option(tcp::no_delay(true), ignore);
-        std::make_shared<Pipe>(down, up, half_rtt, half_jitter, seeds())->start();
-        std::make_shared<Pipe>(up, down, half_rtt, half_jitter, seeds())->start();
+        std::make_shared<Pipe>(down, up, half_rtt, half_jitter, splitmix64(seeds))->start();
+        std::make_shared<Pipe>(up, down, half_rtt, half_jitter, splitmix64(seeds))->start();
       });
       accept();
     });

@@ -261,10 +261,7 @@ StepRefusal Scheduler::check_step_locked(Session& s, const StepStart& step) {
 }
 
 uint64_t Scheduler::prefix_hash(Session& s, int n) {
-  if (n < s.hashed_len) {
-    s.hash = HistoryHash();
-    s.hashed_len = 0;
-  }
+  forget_hash_past(s, n);
   s.hash.add(std::span<const TokenId>(s.history).subspan(static_cast<size_t>(s.hashed_len),
                                                          static_cast<size_t>(n - s.hashed_len)));
   s.hashed_len = n;
@@ -273,10 +270,14 @@ uint64_t Scheduler::prefix_hash(Session& s, int n) {
 
 void Scheduler::cut_history(Session& s, int n) {
   s.history.resize(static_cast<size_t>(n));
-  if (n < s.hashed_len) {
-    s.hash = HistoryHash();
-    s.hashed_len = 0;
-  }
+  forget_hash_past(s, n);
+}
+
+// FNV-1a cannot be taken back: a hash of more than n tokens is dropped, to be made again.
+void Scheduler::forget_hash_past(Session& s, int n) {
+  if (n >= s.hashed_len) return;
+  s.hash = HistoryHash();
+  s.hashed_len = 0;
 }
 
 // Cuts the history for a checked step, appends its tokens, gives the job its StepBegun and

@@ -283,6 +283,7 @@ class Scheduler {
   // what it cut).
   static uint64_t prefix_hash(Session& s, int n);
   static void cut_history(Session& s, int n);
+  static void forget_hash_past(Session& s, int n);
   void run_step_locked(Session& s, const std::shared_ptr<Job>& job);
   bool take_queue_place_locked(Job& job, SubmitRefusal* why);
   size_t queued_locked() const { return pending_.size() + active_count_ + waiting_.size(); }
