@@ -465,8 +465,8 @@ void Scheduler::evict_locked(Session& s, const char* reason) {
   forget_locked(s.id, reason);
 }
 
-void Scheduler::forget_locked(const std::string& id_ref, const char* reason) {
-  const std::string id = id_ref;  // id_ref may live in the session erased below
+// `id` is taken by value: the caller's string may live in the session erased below.
+void Scheduler::forget_locked(std::string id, const char* reason) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   // Steps still waiting for the session are answered as steps on a lost session.

@@ -303,7 +303,7 @@ class Scheduler {
   void defer_answer_locked(std::shared_ptr<Job> job, JobFailure failure, std::string message);
   void answer_deferred();
   void evict_locked(Session& s, const char* reason);
-  void forget_locked(const std::string& id, const char* reason);
+  void forget_locked(std::string id, const char* reason);
   void expire_idle_locked();
   uint64_t kv_tokens_locked() const;
   void run_batch(std::vector<std::shared_ptr<Job>>& active);
