@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BEFORE=$1 AFTER=$2 OUT=$3
 mkdir -p "$OUT"
-MODEL=$("$ROOT/scripts/make_pair.sh" | head -1)
+MODEL=$("$ROOT/scripts/make_pair.sh" gemma | head -1)
 set -x
 for round in 1 2; do
   for side in before after; do

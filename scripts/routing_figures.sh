@@ -38,7 +38,7 @@ OUT=${OUT:-$ROOT/eval-out}
 T=${THREADS:-2}
 STAGES=("$@")
 [[ ${#STAGES[@]} -gt 0 ]] || STAGES=(all routers gain heldout tasks wikitext mc)
-mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh")
+mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh" gemma)
 CLOUD=${PAIR[0]}
 EDGE=${PAIR[1]}
 TANDEM=$BUILD/tandem

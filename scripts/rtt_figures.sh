@@ -16,7 +16,7 @@ TANDEM=${TANDEM_BUILD:-$ROOT/build}/tandem
 OUT=${OUT:-$ROOT/eval-out}
 TASKS=("$@")
 [[ ${#TASKS[@]} -gt 0 ]] || TASKS=(gsm8k lambada)
-mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh")
+mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh" gemma)
 CLOUD=${PAIR[0]}
 EDGE=${PAIR[1]}
 mkdir -p "$OUT"

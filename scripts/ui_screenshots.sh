@@ -9,7 +9,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${TANDEM_BUILD:-$ROOT/build}
 OUT=${1:-$ROOT/docs/ui}
-mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh")
+mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh" gemma)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 "$ROOT/tests/server/run_python.sh" "$ROOT/tests/ui/test_ui_browser.py" "$BUILD/tandem" \

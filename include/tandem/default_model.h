@@ -1,13 +1,42 @@
-// Where the tools and tests find the default model (Gemma 3 270M Q4_K_M) that
-// scripts/fetch_model.sh assembles: $TANDEM_MODEL if set, else
-// ${TANDEM_CACHE:-$HOME/.cache/tandem}/models/gemma-3-270m-q4_k_m.gguf. Public (owned by
-// src/common), so that the CLI's -m defaults need no internal header.
+// The model pairs tandem knows by name, and where the tools and tests find their files.
+//
+//   pair    device (edge) model                        cloud model
+//   qwen    Qwen2.5-Coder-0.5B-Instruct Q4_K_M         Qwen2.5-Coder-1.5B-Instruct Q4_K_M (default)
+//   gemma   Gemma 3 270M Q2_K (scripts/make_pair.sh)   Gemma 3 270M Q4_K_M                  (tests)
+//
+// Files live in ${TANDEM_CACHE:-$HOME/.cache/tandem}/models/, where scripts/fetch_model.sh and
+// scripts/make_pair.sh put them. Public (owned by src/common), so that the CLI's -m defaults
+// need no internal header.
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace tandem {
 
-std::string default_model_path();
+enum class ModelRole { Edge, Cloud };
+
+// "qwen", "gemma".
+std::vector<std::string> model_pair_names();
+
+// $TANDEM_PAIR when set, else "qwen".
+std::string default_pair_name();
+
+// The cache path of a pair's model for a role. Throws tandem::Error naming the known pairs
+// when `pair` is none of them.
+std::string pair_model_path(std::string_view pair, ModelRole role);
+
+// What a command's -m defaults to: $TANDEM_MODEL when set, else the default pair's model for
+// the role (the device's model for every command but serve).
+std::string default_model_path(ModelRole role = ModelRole::Edge);
+
+// One line for --help: "Qwen2.5-Coder-0.5B-Instruct Q4_K_M, the device model of the default
+// pair (qwen)".
+std::string describe_default_model(ModelRole role);
+
+// The real model the test suite reads: $TANDEM_MODEL when set, else the gemma pair's cloud
+// model (Gemma 3 270M Q4_K_M, small and fast).
+std::string test_model_path();
 
 }  // namespace tandem

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/model_flag.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
 
@@ -38,7 +39,7 @@ class BenchCommand : public Command {
  public:
   explicit BenchCommand(CLI::App& app)
       : Command(app.add_subcommand("bench", "Measure prompt processing and generation speed")) {
-    sub_->add_option("-m,--model", model_, "GGUF model file")->default_str(default_model_path());
+    model_flag_.add_to(*sub_, ModelRole::Edge, "GGUF model file");
     sub_->add_option("-p,--n-prompt", n_prompt_, "Prompt tokens for the pp test (0: skip)")
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 16));
@@ -70,7 +71,7 @@ class BenchCommand : public Command {
   }
 
   int run() override {
-    if (model_.empty()) model_ = default_model_path();
+    model_ = model_flag_.resolve(ModelRole::Edge);
     LoadOptions lo;
     lo.repack = repack_;
     auto model = Model::load(model_, lo);
@@ -223,6 +224,7 @@ class BenchCommand : public Command {
     std::fprintf(stderr, "peak RSS %.1f MiB\n", peak_rss_mib);
   }
 
+  ModelFlag model_flag_;
   std::string model_;
   KvCacheType type_k_ = KvCacheType::F32, type_v_ = KvCacheType::F32;
   int n_prompt_ = 512, n_gen_ = 128, threads_ = 2, reps_ = 5, batch_ = 512, n_parallel_ = 0,

@@ -40,8 +40,7 @@ namespace {
 
 void add_model_flags(CLI::App& sub, EdgeFlags& f, unsigned members) {
   if (members & EdgeFlags::kModel) {
-    sub.add_option("-m,--model", f.model, "Small (edge) GGUF model")
-        ->default_str(default_model_path());
+    f.model_flag.add_to(sub, ModelRole::Edge, "Small (edge) GGUF model");
   }
   if (members & EdgeFlags::kContext) {
     sub.add_option("-c,--ctx-size", f.options.context.n_ctx,
@@ -142,7 +141,7 @@ void add_kv_cache_flags(CLI::App* sub, KvCacheType& type_k, KvCacheType& type_v)
 }
 
 void EdgeFlags::resolve(const CloudOptions& cloud) {
-  if (model.empty()) model = default_model_path();
+  model = model_flag.resolve(ModelRole::Edge);
   if (seed >= 0) options.sampling.seed = static_cast<uint64_t>(seed);
   options.sync_ahead = !no_sync_ahead;
   options.cloud_chunk = 16;

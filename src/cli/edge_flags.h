@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 
+#include "cli/model_flag.h"
 #include "tandem/client.h"
 
 namespace tandem::cli {
@@ -55,7 +56,8 @@ struct EdgeFlags {
     kSeed = 1u << 7,      // -s, --seed
     kAll = (1u << 8) - 1,
   };
-  std::string model;
+  std::string model;  // the file resolve() chose from model_flag
+  ModelFlag model_flag;
   std::string mode = "route";
   std::string policy = "confidence";
   std::string router_file;

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/model_flag.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
 
@@ -13,7 +14,7 @@ class GenerateCommand : public Command {
  public:
   explicit GenerateCommand(CLI::App& app)
       : Command(app.add_subcommand("generate", "Generate text from a prompt with one model")) {
-    sub_->add_option("-m,--model", model_, "GGUF model file")->default_str(default_model_path());
+    model_flag_.add_to(*sub_, ModelRole::Edge, "GGUF model file");
     prompt_opt_ = sub_->add_option("-p,--prompt", prompt_, "Prompt text");
     sub_->add_option("-f,--file", file_, "Read the prompt from a file")->excludes(prompt_opt_);
     sub_->add_option("-n,--n-predict", n_predict_, "Tokens to generate (-1: until end or context)")
@@ -42,7 +43,7 @@ class GenerateCommand : public Command {
   }
 
   int run() override {
-    if (model_.empty()) model_ = default_model_path();
+    model_ = model_flag_.resolve(ModelRole::Edge);
     std::string prompt = read_prompt(prompt_, file_, prompt_opt_->count() > 0);
     if (seed_ >= 0) sp_.seed = static_cast<uint64_t>(seed_);
     auto model = Model::load(model_);
@@ -107,6 +108,7 @@ class GenerateCommand : public Command {
   // The prompt is echoed before the continuation (as llama.cpp does), but not in chat mode.
   std::string prompt_echo(const std::string& prompt) const { return chat_ ? "" : prompt; }
 
+  ModelFlag model_flag_;
   std::string model_, prompt_, file_, system_;
   CLI::Option* prompt_opt_ = nullptr;
   int n_predict_ = 128, n_ctx_ = 0, threads_ = 0;

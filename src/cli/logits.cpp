@@ -4,8 +4,9 @@
 #include <sstream>
 
 #include "cli/commands.h"
-#include "tandem/error.h"
+#include "cli/model_flag.h"
 #include "tandem/engine.h"
+#include "tandem/error.h"
 
 namespace tandem::cli {
 namespace {
@@ -38,7 +39,7 @@ class LogitsCommand : public Command {
  public:
   explicit LogitsCommand(CLI::App& app)
       : Command(app.add_subcommand("logits", "Teacher-forced logits for a token sequence")) {
-    sub_->add_option("-m,--model", model_, "GGUF model file")->default_str(default_model_path());
+    model_flag_.add_to(*sub_, ModelRole::Edge, "GGUF model file");
     sub_->add_option("--ids", ids_, "Comma-separated token ids, evaluated from position 0")
         ->required();
     sub_->add_option("--out", out_, "Write float32 little-endian logits [n_ids x n_vocab]")
@@ -54,7 +55,7 @@ class LogitsCommand : public Command {
   }
 
   int run() override {
-    if (model_.empty()) model_ = default_model_path();
+    model_ = model_flag_.resolve(ModelRole::Edge);
     const auto ids = parse_ids(ids_);
     LoadOptions lo;
     lo.dequantize_to_f32 = f32_;
@@ -101,6 +102,7 @@ class LogitsCommand : public Command {
   }
 
  private:
+  ModelFlag model_flag_;
   std::string model_, ids_, out_, hidden_;
   int threads_ = 0;
   KvCacheType type_k_ = KvCacheType::F32, type_v_ = KvCacheType::F32;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/model_flag.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
 #include "tandem/quantize.h"
@@ -28,7 +29,7 @@ class PerplexityCommand : public Command {
             "tokens, the second half of each scored; prints [chunk]running-PPL and the final "
             "PPL +/- standard error. --kl-base also reports KL(base||model) and top-1 "
             "agreement.")) {
-    sub_->add_option("-m,--model", model_, "GGUF model file")->default_str(default_model_path());
+    model_flag_.add_to(*sub_, ModelRole::Edge, "GGUF model file");
     sub_->add_option("-f,--file", file_, "Text file")->required();
     sub_->add_option("-c,--ctx-size", n_ctx_, "Tokens per chunk")
         ->capture_default_str()
@@ -47,7 +48,7 @@ class PerplexityCommand : public Command {
   }
 
   int run() override {
-    if (model_.empty()) model_ = default_model_path();
+    model_ = model_flag_.resolve(ModelRole::Edge);
     if (n_batch_ <= 0 || n_batch_ > n_ctx_) n_batch_ = n_ctx_;
     const std::string text = read_text();
 
@@ -209,6 +210,7 @@ class PerplexityCommand : public Command {
     std::printf("%s\n", j.dump().c_str());
   }
 
+  ModelFlag model_flag_;
   std::string model_, file_, kl_base_;
   int n_ctx_ = 512, n_batch_ = 0, threads_ = 0, max_chunks_ = 0;
   KvCacheType type_k_ = KvCacheType::F32, type_v_ = KvCacheType::F32;

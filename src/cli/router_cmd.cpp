@@ -92,7 +92,7 @@ class RouterCollect {
   bool parsed() const { return sub_->parsed(); }
 
   int run() {
-    if (model_.empty()) model_ = default_model_path();
+    model_ = edge_.model_flag.resolve(ModelRole::Edge);
     if (cloud_model_.empty() == cloud_url_.empty())
       throw Error("router collect: give the cloud as --cloud-model FILE or --cloud URL (one)");
     auto edge = Model::load(model_);

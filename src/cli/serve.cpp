@@ -1,6 +1,7 @@
 // tandem serve: the cloud side. Hosts one model for many devices: native sessions
 // (docs/protocol.md), OpenAI-, llama.cpp- and SGLang-compatible endpoints, /health, /metrics.
 #include "cli/commands.h"
+#include "cli/model_flag.h"
 #include "tandem/server.h"
 
 namespace tandem::cli {
@@ -26,7 +27,7 @@ class ServeCommand : public Command {
   }
 
   int run() override {
-    if (o_.model.empty()) o_.model = default_model_path();
+    o_.model = model_flag_.resolve(ModelRole::Cloud);
     o_.repack = !no_repack_;
     return server::serve(o_);
   }
@@ -34,7 +35,7 @@ class ServeCommand : public Command {
  private:
   // The model, and the address to listen on.
   void add_model_flags() {
-    sub_->add_option("-m,--model", o_.model, "GGUF model file")->default_str(default_model_path());
+    model_flag_.add_to(*sub_, ModelRole::Cloud, "GGUF model file");
     sub_->add_option("--host", o_.http.host, "Address to bind (default: loopback only)")
         ->capture_default_str();
     sub_->add_option("--port", o_.http.port, "Port (0: any free port, printed on stderr)")
@@ -192,6 +193,7 @@ class ServeCommand : public Command {
   }
 
   server::ServeOptions o_;
+  ModelFlag model_flag_;
   bool no_repack_ = false;
 };
 

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/model_flag.h"
 #include "tandem/vocab.h"
 
 namespace tandem::cli {
@@ -12,8 +13,7 @@ class TokenizeCommand : public Command {
  public:
   explicit TokenizeCommand(CLI::App& app)
       : Command(app.add_subcommand("tokenize", "Tokenize text with a model's vocabulary")) {
-    sub_->add_option("-m,--model", model_, "GGUF file (a vocab-only file is enough)")
-        ->default_str(default_model_path());
+    model_flag_.add_to(*sub_, ModelRole::Edge, "GGUF file (a vocab-only file is enough)");
     prompt_opt_ = sub_->add_option("-p,--prompt", prompt_, "Text to tokenize, exactly as given");
     sub_->add_option("-f,--file", file_, "Read the text from a file")->excludes(prompt_opt_);
     sub_->add_flag("--no-bos", no_bos_, "Do not add BOS/EOS even if the vocabulary says to");
@@ -24,7 +24,7 @@ class TokenizeCommand : public Command {
   }
 
   int run() override {
-    if (model_.empty()) model_ = default_model_path();
+    model_ = model_flag_.resolve(ModelRole::Edge);
     const std::string text = read_prompt(prompt_, file_, prompt_opt_->count() > 0);
     const auto vocab = Vocabulary::load(model_);
     const auto ids = vocab->tokenize(text, !no_bos_, parse_special_);
@@ -47,6 +47,7 @@ class TokenizeCommand : public Command {
   }
 
  private:
+  ModelFlag model_flag_;
   std::string model_, prompt_, file_;
   CLI::Option* prompt_opt_ = nullptr;
   bool no_bos_ = false, parse_special_ = false, json_ = false;

@@ -2,19 +2,84 @@
 
 #include <cstdlib>
 
-namespace tandem {
+#include "common/error.h"
 
-std::string default_model_path() {
-  if (const char* env = std::getenv("TANDEM_MODEL"); env && *env) return env;
-  std::string cache;
-  if (const char* c = std::getenv("TANDEM_CACHE"); c && *c) {
-    cache = c;
-  } else if (const char* home = std::getenv("HOME"); home && *home) {
-    cache = std::string(home) + "/.cache/tandem";
-  } else {
-    cache = ".cache/tandem";
+namespace tandem {
+namespace {
+
+struct PairFiles {
+  const char* name;
+  const char* edge_file;
+  const char* edge_desc;
+  const char* cloud_file;
+  const char* cloud_desc;
+};
+
+// The table of known pairs: the first is the default.
+constexpr PairFiles kPairs[] = {
+    {"qwen", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
+     "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M"},
+    {"gemma", "gemma-3-270m-q2_k.gguf", "Gemma 3 270M Q2_K", "gemma-3-270m-q4_k_m.gguf",
+     "Gemma 3 270M Q4_K_M"},
+};
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : "";
+}
+
+std::string cache_dir() {
+  if (auto c = env_or_empty("TANDEM_CACHE"); !c.empty()) return c;
+  if (auto home = env_or_empty("HOME"); !home.empty()) return home + "/.cache/tandem";
+  return ".cache/tandem";
+}
+
+const PairFiles& find_pair(std::string_view name) {
+  for (const auto& p : kPairs) {
+    if (name == p.name) return p;
   }
-  return cache + "/models/gemma-3-270m-q4_k_m.gguf";
+  std::string known;
+  for (const auto& p : kPairs) known += std::string(known.empty() ? "" : ", ") + p.name;
+  throw Error("unknown model pair '" + std::string(name) + "': expected one of " + known);
+}
+
+}  // namespace
+
+std::vector<std::string> model_pair_names() {
+  std::vector<std::string> names;
+  for (const auto& p : kPairs) names.emplace_back(p.name);
+  return names;
+}
+
+std::string default_pair_name() {
+  if (auto env = env_or_empty("TANDEM_PAIR"); !env.empty()) return env;
+  return kPairs[0].name;
+}
+
+std::string pair_model_path(std::string_view pair, ModelRole role) {
+  const PairFiles& p = find_pair(pair);
+  return cache_dir() + "/models/" + (role == ModelRole::Edge ? p.edge_file : p.cloud_file);
+}
+
+std::string default_model_path(ModelRole role) {
+  if (auto env = env_or_empty("TANDEM_MODEL"); !env.empty()) return env;
+  return pair_model_path(default_pair_name(), role);
+}
+
+std::string describe_default_model(ModelRole role) {
+  if (auto env = env_or_empty("TANDEM_MODEL"); !env.empty()) return env + " ($TANDEM_MODEL)";
+  const std::string pair = default_pair_name();
+  const PairFiles& p = find_pair(pair);
+  const bool edge = role == ModelRole::Edge;
+  return std::string(edge ? p.edge_desc : p.cloud_desc) + ", the " + (edge ? "device" : "cloud") +
+         " model of the default pair (" + pair + "; --pair " +
+         (pair == kPairs[0].name ? kPairs[1].name : kPairs[0].name) +
+         " for the other): " + pair_model_path(pair, role);
+}
+
+std::string test_model_path() {
+  if (auto env = env_or_empty("TANDEM_MODEL"); !env.empty()) return env;
+  return pair_model_path("gemma", ModelRole::Cloud);
 }
 
 }  // namespace tandem

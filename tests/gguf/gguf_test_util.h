@@ -90,7 +90,7 @@ inline std::string parse_error(const std::vector<uint8_t>& b) {
 // The real default model: TANDEM_MODEL, else the cache path of scripts/fetch_model.sh; "" when
 // neither exists.
 inline std::string real_model_path() {
-  const std::string p = default_model_path();
+  const std::string p = test_model_path();
   if (const char* m = std::getenv("TANDEM_MODEL"); m && *m) return p;
   return std::filesystem::exists(p) ? p : "";
 }

@@ -357,7 +357,7 @@ TEST(F16KvCache, CloseToF32Cache) {
 
 // The real model, on the best target: longer prompt, Gemma 3's sliding window not reached.
 TEST(RealModelBatchInvariance, LogitsAndHiddenBitExactAcrossBatches) {
-  const std::string path = default_model_path();
+  const std::string path = test_model_path();
   if (!std::filesystem::exists(path)) {
     GTEST_SKIP() << "real model not found at " << path << " (run scripts/fetch_model.sh)";
   }

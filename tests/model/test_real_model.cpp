@@ -21,7 +21,7 @@ namespace {
 class RealModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string path = default_model_path();
+    const std::string path = test_model_path();
     if (std::filesystem::exists(path)) model_ = Model::load(path).release();
   }
   static void TearDownTestSuite() {
@@ -30,7 +30,7 @@ class RealModel : public ::testing::Test {
   }
   void SetUp() override {
     if (!model_) {
-      GTEST_SKIP() << "real model not found at " << default_model_path()
+      GTEST_SKIP() << "real model not found at " << test_model_path()
                    << " (run scripts/fetch_model.sh)";
     }
   }

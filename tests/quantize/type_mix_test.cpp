@@ -108,7 +108,7 @@ TEST(TypeMix, Gemma270mWidthQ4KM) {
 
 // The real Gemma 3 270M Q4_K_M (made by llama.cpp), when present: same plan.
 TEST(TypeMix, RealGemmaQ4KMPlanMatchesItsTypes) {
-  const std::string path = default_model_path();
+  const std::string path = test_model_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "no real model at " << path;
   auto f = GgufFile::open(path);
   int n = 0, same = 0;

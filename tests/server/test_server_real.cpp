@@ -14,7 +14,7 @@ namespace tandem::testing {
 namespace {
 
 TEST(RealModelServer, SessionsAloneAndBatchedEqualGenerate) {
-  const std::string path = default_model_path();
+  const std::string path = test_model_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "real model not found at " << path;
   auto model = Model::load(path);
   const std::vector<std::string> texts = {"The capital of France is",

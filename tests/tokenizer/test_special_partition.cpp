@@ -235,7 +235,7 @@ TEST(SpecialPartition, MatchesReferenceOnTestVocabularies) {
 }
 
 TEST(SpecialPartition, MatchesReferenceOnGemma3) {
-  const std::string path = default_model_path();
+  const std::string path = test_model_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "Gemma 3 model not found at " << path;
   // 6,414 special tokens: the reference costs that many scans per text, so fewer, shorter texts.
   check_vocab_file(path, 30, 300);
@@ -246,7 +246,7 @@ TEST(SpecialPartition, MatchesReferenceOnGemma3) {
 // encode with Gemma 3's 6,414 special tokens; now it is the SPM merge of the '<' run (well
 // under a second). The bound only catches a return of (special tokens) x (text length).
 TEST(SpecialPartition, HostileMegabyteIsLinear) {
-  const std::string path = default_model_path();
+  const std::string path = test_model_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "Gemma 3 model not found at " << path;
   auto file = GgufFile::open(path);
   auto tok = Tokenizer::from_gguf(*file);

@@ -399,7 +399,7 @@ TEST(ChatTemplate, ChatMLTokenizesToControlTokens) {
 class GemmaTokenizer : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string path = default_model_path();
+    const std::string path = test_model_path();
     if (!std::filesystem::exists(path)) GTEST_SKIP() << "Gemma 3 model not found at " << path;
     file_ = GgufFile::open(path);
     if (file_->get_string_opt("general.architecture").value_or("") != "gemma3")
