@@ -106,6 +106,12 @@ class Model {
   // the assistant's turn. Throws tandem::Error when the model has no template tandem knows.
   std::string chat_prompt(const std::vector<ChatMessage>& messages,
                           bool add_generation_prompt) const;
+  // What takes a chat on by one user turn, after an assistant turn generated up to (not
+  // including) its end of turn: the close of that turn and the new user turn, ending with the
+  // opening of the next assistant turn, as the template renders them. Tokenize it with
+  // add_special false and parse_special true and append it to the history, so a cloud session
+  // receives only these tokens. Throws tandem::Error as chat_prompt does.
+  std::string chat_continuation(const std::string& user) const;
 
   // Internals, for the layers inside the engine (src/); the text API above is the public one.
   const Tokenizer& tokenizer() const { return *tokenizer_; }

@@ -37,6 +37,7 @@ struct GenerateRequest {
   int n_predict = 64;
   float temp = 0;
   bool continue_conversation = false;
+  bool chat = false;  // the prompt is a user turn in the model's chat template
 };
 
 // The headers every answer carries: a Content-Security-Policy that allows only the page's own
@@ -49,6 +50,7 @@ struct UiOptions {
   GenerateRequest defaults;
   UiLimits limits;
   std::string model_name, cloud_url, cloud_api;
+  std::string system;  // the system message of a chat's first turn (empty: none)
   // Where the page is served: the allowed Host and Origin values follow from these (set_address
   // replaces them once the listening port is known, e.g. with --port 0).
   std::string bind_host = "127.0.0.1";
@@ -91,6 +93,7 @@ class UiServer {
 
   void worker_loop();
   void run_turn(Turn& turn);
+  std::vector<TokenId> turn_context(const GenerateRequest& request) const;
   // Makes the decoder for the request's settings, reusing the last one when they are the same
   // (its cloud session and target-rate controller carry over). Returns the cloud line.
   std::string prepare_decoder(const GenerateRequest& request);

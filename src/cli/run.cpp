@@ -172,7 +172,6 @@ class RunCommand : public Command {
     if (!system_.empty()) msgs.push_back({"system", system_});
     std::vector<TokenId> history;
     EdgeStats total;
-    const std::string marker = "\x01";
     std::string first = prompt_opt_->count() > 0 ? prompt_ : "";
     for (int turn = 0;; ++turn) {
       std::string user;
@@ -186,17 +185,11 @@ class RunCommand : public Command {
       }
       std::vector<TokenId> ids;
       if (history.empty()) {
-        std::vector<ChatMessage> m = msgs;
-        m.push_back({"user", user});
-        ids = model.tokenize(model.chat_prompt(m, true), true, true);
+        msgs.push_back({"user", user});
+        ids = model.tokenize(model.chat_prompt(msgs, true), true, true);
       } else {
-        std::vector<ChatMessage> m = msgs;
-        m.push_back({"assistant", marker});
-        m.push_back({"user", user});
-        const std::string text = model.chat_prompt(m, true);
-        const std::string delta = text.substr(text.rfind(marker) + marker.size());
         ids = history;
-        const auto more = model.tokenize(delta, false, true);
+        const auto more = model.tokenize(model.chat_continuation(user), false, true);
         ids.insert(ids.end(), more.begin(), more.end());
       }
       show_prompt(ids);
@@ -220,8 +213,6 @@ class RunCommand : public Command {
       std::fflush(stdout);
       summary(r.stats);
       add_stats(total, r.stats);
-      msgs.push_back({"user", user});
-      msgs.push_back({"assistant", r.text});
       history = edge.history();
     }
     if (total.tokens > 0) {

@@ -39,6 +39,10 @@ class UiCommand : public Command {
     sub_->add_option("--port", http_.port, "Port (0: any free port, printed on stderr)")
         ->check(CLI::Range(0, 65535))
         ->capture_default_str();
+    sub_->add_flag("--chat", chat_,
+                   "Prompts are user turns in the model's chat template (an instruct model, such "
+                   "as the default pair's); the page can switch it per prompt");
+    sub_->add_option("--system", system_, "System message of a chat's first turn");
     sub_->add_option("--max-predict", limits_.max_predict, "Tokens one answer may ask for at most")
         ->check(CLI::Range(1, 8192))
         ->capture_default_str();
@@ -67,6 +71,8 @@ class UiCommand : public Command {
     o.defaults.temp = flags_.edge.options.sampling.temp;
     o.defaults.n_predict =
         std::clamp(flags_.edge.n_predict < 0 ? 128 : flags_.edge.n_predict, 1, limits_.max_predict);
+    o.defaults.chat = chat_;
+    o.system = system_;
     o.model_name = std::filesystem::path(flags_.edge.model).filename().string();
     o.cloud_url = flags_.cloud.options.url;
     o.cloud_api = flags_.cloud.options.api;
@@ -106,6 +112,8 @@ class UiCommand : public Command {
   DeviceFlags flags_;
   net::HttpServerOptions http_;
   ui::UiLimits limits_;
+  bool chat_ = false;
+  std::string system_;
 };
 
 }  // namespace

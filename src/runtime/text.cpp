@@ -1,5 +1,6 @@
 // The public text API of a Model and TextStream (tandem/engine.h) over the internal tokenizer
 // and chat templates.
+#include "common/error.h"
 #include "gguf/gguf.h"
 #include "tandem/engine.h"
 #include "tokenizer/chat_template.h"
@@ -44,6 +45,18 @@ bool Model::adds_bos() const {
 std::string Model::chat_prompt(const std::vector<ChatMessage>& messages,
                                bool add_generation_prompt) const {
   return apply_chat_template(*file_, messages, add_generation_prompt);
+}
+
+std::string Model::chat_continuation(const std::string& user) const {
+  // Render a conversation whose assistant turn is a marker, and keep what follows the marker.
+  // The turns before it are placeholders: no system message, which some templates fold into
+  // the next user turn.
+  const std::string marker = "\x01";
+  const std::string text =
+      apply_chat_template(*file_, {{"user", "x"}, {"assistant", marker}, {"user", user}}, true);
+  const size_t at = text.rfind(marker);
+  if (at == std::string::npos) throw Error("the chat template dropped the assistant's turn");
+  return text.substr(at + marker.size());
 }
 
 TextStream::TextStream(const Model& model, bool special)

@@ -211,8 +211,8 @@ json parse_request_object(std::string_view body, const UiLimits& limits) {
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded()) throw RequestError("body", "is not valid JSON");
   if (!j.is_object()) throw RequestError("body", "expected a JSON object");
-  static const char* known[] = {"prompt",      "mode",      "policy", "threshold",
-                                "target_rate", "n_predict", "temp",   "continue"};
+  static const char* known[] = {"prompt",    "mode", "policy",   "threshold", "target_rate",
+                                "n_predict", "temp", "continue", "chat"};
   for (const auto& item : j.items()) {
     const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) ==
@@ -222,7 +222,7 @@ json parse_request_object(std::string_view body, const UiLimits& limits) {
                          : key.size() > 64 ? key.substr(0, 64) + "..."
                                            : key,
                          "unknown field (known: prompt, mode, policy, threshold, "
-                         "target_rate, n_predict, temp, continue)");
+                         "target_rate, n_predict, temp, continue, chat)");
     }
   }
   return j;
@@ -287,7 +287,14 @@ void read_routing(const json& j, GenerateRequest& r) {
   }
 }
 
-// n_predict, temp and continue.
+bool read_bool(const json& j, const char* name, bool fallback) {
+  const json& v = field_of(j, name);
+  if (v.is_null()) return fallback;
+  if (!v.is_boolean()) throw RequestError(name, "expected true or false");
+  return v.get<bool>();
+}
+
+// n_predict, temp, continue and chat.
 void read_generation(const json& j, const UiLimits& limits, GenerateRequest& r) {
   if (const json& n = field_of(j, "n_predict"); !n.is_null()) {
     if (!n.is_number_integer()) throw RequestError("n_predict", "expected an integer");
@@ -296,10 +303,8 @@ void read_generation(const json& j, const UiLimits& limits, GenerateRequest& r) 
   if (const json& temp = field_of(j, "temp"); !temp.is_null()) {
     r.temp = static_cast<float>(number_in(temp, "temp", 0, 2));
   }
-  if (const json& cont = field_of(j, "continue"); !cont.is_null()) {
-    if (!cont.is_boolean()) throw RequestError("continue", "expected true or false");
-    r.continue_conversation = cont.get<bool>();
-  }
+  r.continue_conversation = read_bool(j, "continue", r.continue_conversation);
+  r.chat = read_bool(j, "chat", r.chat);
 }
 
 }  // namespace
@@ -409,7 +414,8 @@ json UiServer::info() const {
                    {"policy", router_policy_name(d.router.policy)},
                    {"threshold", d.router.threshold},
                    {"n_predict", d.n_predict},
-                   {"temp", d.temp}};
+                   {"temp", d.temp},
+                   {"chat", d.chat}};
   if (d.router.target_rate) defaults["target_rate"] = *d.router.target_rate;
   if (d.router.policy == RouterPolicy::Random) defaults["target_rate"] = d.router.random_rate;
   std::lock_guard lock(mutex_);
@@ -553,20 +559,32 @@ std::string UiServer::prepare_decoder(const GenerateRequest& r) {
   return cloud_line_;
 }
 
+// A continued turn appends the new text to the whole conversation so far (the cloud session
+// receives only the new tokens); otherwise the prompt starts a conversation of its own. In chat
+// form the new text is a user turn in the model's template (after the close of the last answer).
+std::vector<TokenId> UiServer::turn_context(const GenerateRequest& r) const {
+  const bool cont = r.continue_conversation && !conversation_.empty();
+  std::vector<TokenId> context = cont ? conversation_ : std::vector<TokenId>{};
+  std::vector<TokenId> more;
+  if (r.chat && cont) {
+    more = model_.tokenize(model_.chat_continuation(r.prompt), false, true);
+  } else if (r.chat) {
+    std::vector<ChatMessage> messages;
+    if (!options_.system.empty()) messages.push_back({"system", options_.system});
+    messages.push_back({"user", r.prompt});
+    more = model_.tokenize(model_.chat_prompt(messages, true), true, true);
+  } else {
+    more = model_.tokenize(r.prompt, !cont, false);
+  }
+  context.insert(context.end(), more.begin(), more.end());
+  return context;
+}
+
 void UiServer::run_turn(Turn& turn) {
   const GenerateRequest& r = turn.request;
   const std::string cloud_line = prepare_decoder(r);
 
-  // A continued turn appends the new text to the whole conversation so far (the cloud session
-  // receives only the new tokens); otherwise the prompt starts a conversation of its own.
-  std::vector<TokenId> context;
-  if (r.continue_conversation && !conversation_.empty()) {
-    context = conversation_;
-    const auto more = model_.tokenize(r.prompt, false, false);
-    context.insert(context.end(), more.begin(), more.end());
-  } else {
-    context = model_.tokenize(r.prompt, true, false);
-  }
+  const std::vector<TokenId> context = turn_context(r);
   publish(turn,
           {{"type", "start"},
            {"turn", turn.id},
@@ -579,6 +597,7 @@ void UiServer::run_turn(Turn& turn) {
                                                                      : json(nullptr)},
            {"n_predict", r.n_predict},
            {"continue", r.continue_conversation},
+           {"chat", r.chat},
            {"context_tokens", context.size()},
            {"cloud", cloud_line}});
 

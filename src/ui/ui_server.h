@@ -3,9 +3,10 @@
 //   GET  /, /ui.css, /ui.js          the page (embedded at build time)
 //   GET  /api/info                   model, cloud, defaults, limits, whether a turn is running
 //   POST /api/generate               {"prompt", "mode", "policy", "threshold" | "target_rate",
-//                                     "n_predict", "temp", "continue"} -> server-sent events:
-//                                     start, token..., done (or error); 400 names a bad field,
-//                                     409 while another turn runs (one at a time per process)
+//                                     "n_predict", "temp", "continue", "chat"} -> server-sent
+//                                     events: start, token..., done (or error); 400 names a bad
+//                                     field, 409 while another turn runs (one at a time per
+//                                     process)
 //   POST /api/stop                   stops the running turn at its next token
 //   GET  /api/turns                  every kept turn with its events (a reloaded page redraws)
 //   GET  /api/turns/ID/events?after=N  the turn's events after the N-th, then live ones

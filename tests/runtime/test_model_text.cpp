@@ -46,6 +46,25 @@ TEST(ModelText, IsTheTokenizers) {
     EXPECT_EQ(model->chat_prompt(msgs, prompt), apply_chat_template(model->file(), msgs, prompt));
 }
 
+// A chat continued by one user turn: appending chat_continuation to a rendered conversation whose
+// last answer stops before its end of turn gives the rendering of the whole conversation.
+TEST(ModelText, ChatContinuationClosesTheAnswerAndOpensTheNextTurn) {
+  for (const char* file : {"models/synth-qwen2-Q4_K_M.gguf", "models/synth-gemma3-Q4_K_M.gguf"}) {
+    const auto model = Model::load(testing::testdata_path(file));
+    const std::vector<ChatMessage> first = {{"system", "Be brief."},
+                                            {"user", "Capital of France?"}};
+    std::vector<ChatMessage> whole = first;
+    whole.push_back({"assistant", "Paris"});
+    whole.push_back({"user", "And of Italy?"});
+    const std::string continued =
+        model->chat_prompt(first, true) + "Paris" + model->chat_continuation("And of Italy?");
+    EXPECT_EQ(continued, model->chat_prompt(whole, true)) << file;
+    // The system message is said once, in the first turn only.
+    const std::string more = model->chat_continuation("And of Italy?");
+    EXPECT_EQ(more.find("Be brief."), std::string::npos) << file;
+  }
+}
+
 // TextStream is StreamDecoder: the same pieces, a split UTF-8 character held back.
 TEST(ModelText, TextStreamIsTheStreamDecoder) {
   const auto model = Model::load(testing::testdata_path("models/synth-gemma3-Q4_K_M.gguf"));

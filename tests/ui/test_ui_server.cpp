@@ -60,6 +60,7 @@ TEST(UiRequest, BadInputNamesTheField) {
   EXPECT_EQ(field_of_error(R"({"prompt": "a", "n_predict": 100000})"), "n_predict");
   EXPECT_EQ(field_of_error(R"({"prompt": "a", "temp": 9})"), "temp");
   EXPECT_EQ(field_of_error(R"({"prompt": "a", "continue": "yes"})"), "continue");
+  EXPECT_EQ(field_of_error(R"({"prompt": "a", "chat": 1})"), "chat");
   EXPECT_EQ(field_of_error(R"({"prompt": "a", "treshold": 0.5})"), "treshold");
   EXPECT_EQ(field_of_error(R"({"prompt": "a", "": 1})"), "\"\"");  // found by fuzz_ui_request
   EXPECT_EQ(field_of_error(R"({"prompt": "a", "threshold": 0.5})"), "(accepted)");
@@ -78,7 +79,7 @@ TEST(UiRequest, FieldsOverrideTheDefaults) {
 
   r = parse_generate_request(
       R"({"prompt": "hi", "mode": "route", "policy": "entropy", "threshold": 3.5, "n_predict": 9,
-          "temp": 0.7, "continue": true})",
+          "temp": 0.7, "continue": true, "chat": true})",
       defaults, limits);
   EXPECT_EQ(r.mode, EdgeMode::Route);
   EXPECT_EQ(r.router.policy, RouterPolicy::Entropy);
@@ -87,6 +88,7 @@ TEST(UiRequest, FieldsOverrideTheDefaults) {
   EXPECT_EQ(r.n_predict, 9);
   EXPECT_FLOAT_EQ(r.temp, 0.7f);
   EXPECT_TRUE(r.continue_conversation);
+  EXPECT_TRUE(r.chat);
 
   r = parse_generate_request(R"({"prompt": "hi", "policy": "margin", "target_rate": 0.25})",
                              defaults, limits);
@@ -444,6 +446,23 @@ TEST_F(UiServerTest, SecondTurnWhileOneRunsIs409AndStopEndsTheFirst) {
   auto third = call(*ui, "POST", "/api/generate", R"({"prompt": "again", "n_predict": 2})");
   ASSERT_TRUE(third->wait_finished());
   EXPECT_EQ(third->events().back().second["stats"]["tokens"], 2);
+}
+
+// A chat turn on a model without a chat template ends with an error that says so; the UI goes on.
+TEST_F(UiServerTest, ChatTurnWithoutATemplateEndsWithAnError) {
+  auto ui = make_server();
+  auto r = call(*ui, "POST", "/api/generate", R"({"prompt": "Hi", "chat": true, "n_predict": 2})");
+  ASSERT_TRUE(r->wait_finished());
+  const auto events = r->events();
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().first, "error");
+  EXPECT_NE(events.back().second["message"].get<std::string>().find("chat_template"),
+            std::string::npos)
+      << events.back().second.dump();
+  wait_idle(*ui);
+  auto next = call(*ui, "POST", "/api/generate", R"({"prompt": "Hello", "n_predict": 2})");
+  ASSERT_TRUE(next->wait_finished());
+  EXPECT_EQ(next->events().back().second["stats"]["tokens"], 2);
 }
 
 TEST_F(UiServerTest, PromptOverTheContextEndsTheTurnWithAnError) {

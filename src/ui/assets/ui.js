@@ -5,7 +5,7 @@
 
 const $ = (id) => document.getElementById(id);
 const el = {
-  form: $("ask"), prompt: $("prompt"), send: $("send"), stop: $("stop"), cont: $("continue"),
+  form: $("ask"), prompt: $("prompt"), send: $("send"), stop: $("stop"), cont: $("continue"), chat: $("chat"),
   mode: $("mode"), policy: $("policy"), routeBy: $("route-by"), level: $("level"),
   levelLabel: $("level-label"), levelValue: $("level-value"), levelHelp: $("level-help"),
   nPredict: $("n-predict"), temp: $("temp"), formError: $("form-error"), turns: $("turns"),
@@ -79,6 +79,7 @@ function requestBody() {
     n_predict: Number(el.nPredict.value),
     temp: Number(el.temp.value),
     continue: el.cont.checked,
+    chat: el.chat.checked,
   };
   if (spec.kind === "target") body.target_rate = Number(el.level.value);
   if (spec.kind === "threshold") body.threshold = Number(el.level.value);
@@ -133,7 +134,7 @@ function applyEvent(view, type, data) {
     const how = data.mode === "route"
       ? `${data.policy}, ${data.target_rate != null ? `target ${Math.round(data.target_rate * 100)} %` : `threshold ${Number(data.threshold).toFixed(2)}`}`
       : data.mode;
-    view.head.textContent = `#${data.turn} · ${how}${data.continue ? " · continued" : ""} · ${data.context_tokens} context tokens`;
+    view.head.textContent = `#${data.turn} · ${how}${data.continue ? " · continued" : ""}${data.chat ? " · chat" : ""} · ${data.context_tokens} context tokens`;
     const prompt = document.createElement("span");
     prompt.className = "prompt-text";
     prompt.textContent = data.prompt;
@@ -420,6 +421,7 @@ function saveSettings() {
   const settings = {
     prompt: el.prompt.value, mode: el.mode.value, policy: el.policy.value, routeBy,
     level: el.level.value, nPredict: el.nPredict.value, temp: el.temp.value, cont: el.cont.checked,
+    chat: el.chat.checked,
   };
   try { sessionStorage.setItem(SETTINGS_KEY, JSON.stringify(settings)); } catch (_) { /* private mode */ }
 }
@@ -438,6 +440,7 @@ function restoreSettings() {
   el.nPredict.value = s.nPredict;
   el.temp.value = s.temp;
   el.cont.checked = !!s.cont;
+  if (s.chat != null) el.chat.checked = !!s.chat;
 }
 el.form.addEventListener("input", saveSettings);
 el.form.addEventListener("change", saveSettings);
@@ -455,6 +458,7 @@ async function load() {
     el.nPredict.value = d.n_predict;
     el.nPredict.max = info.limits.max_predict;
     el.temp.value = Number(d.temp.toFixed(2)); // a float from C++: 0.8, not 0.800000011920929
+    el.chat.checked = !!d.chat;
     if (d.target_rate != null) el.routeBy.querySelector('input[value="target"]').checked = true;
     configureSlider(false);
     el.level.value = d.target_rate != null ? d.target_rate : d.threshold;
