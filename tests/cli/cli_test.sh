@@ -128,5 +128,21 @@ for cmd in tokenize logits generate bench run ui eval; do
   check "$cmd --help" "$TANDEM" "$cmd" --help >/dev/null
 done
 
+# --pair: a known pair's model in the command's role; an unknown name and -m with --pair refused;
+# every command that loads a model names the default pair in --help.
+out=$(TANDEM_CACHE=$TMP "$TANDEM" tokenize --pair nosuch -p hi --json 2>&1)
+rc=$?
+check "--pair unknown exits 1" [ $rc -eq 1 ]
+check "--pair unknown names the known pairs" grep -q "unknown model pair 'nosuch': expected one of qwen, gemma" <<<"$out"
+out=$(TANDEM_CACHE=$TMP "$TANDEM" tokenize --pair gemma -p hi --json 2>&1)
+check "--pair gemma reads the gemma pair's device file" grep -qF "$TMP/models/gemma-3-270m-q2_k.gguf" <<<"$out"
+out=$(TANDEM_CACHE=$TMP "$TANDEM" serve --pair qwen --port 0 2>&1)
+check "serve --pair reads the cloud file" grep -qF "$TMP/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" <<<"$out"
+"$TANDEM" tokenize --pair gemma -m x -p hi >/dev/null 2>&1
+check "-m with --pair is a usage error" [ $? -eq 2 ]
+for cmd in generate tokenize logits bench perplexity serve run ui eval; do
+  check "$cmd --help names the default pair" bash -c "env -u TANDEM_MODEL -u TANDEM_PAIR '$TANDEM' $cmd --help | grep -q 'model of the default pair (qwen'"
+done
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
