@@ -45,8 +45,9 @@ struct Item {
 };
 
 // How a multiple-choice item is answered in a chat prompt: one short sentence of reason ending
-// in "The answer is (X)", or the letter alone.
-enum class ChatAnswer { Reason, Letter };
+// in "The answer is (X)"; the letter alone; or "The answer is (X) TEXT", the choice's text
+// after its letter.
+enum class ChatAnswer { Reason, Letter, Choice };
 
 // The chat prompt form of a task (tandem eval --chat); absent from Task::chat: the plain
 // completion prompts.
@@ -84,8 +85,8 @@ Task load_task(const std::string& name, const std::string& data_dir, int shots);
 std::string item_prompt(const Task& task, const Item& item);
 
 // Asks the task's items as chat turns from now on (Task::chat), with room for the form's
-// answer in max_answer_tokens: 48 tokens for a multiple-choice reason, 4 for a letter, 384 for a
-// GSM8K solution; LAMBADA keeps 8.
+// answer in max_answer_tokens: multiple choice 48 tokens for a reason, 4 for a letter, 24 for a
+// choice; 384 for a GSM8K solution; LAMBADA keeps 8.
 void use_chat_form(Task& task, const ChatForm& form);
 // "reason" / "letter"; parse_chat_answer throws tandem::Error naming the choices.
 std::string chat_answer_name(ChatAnswer answer);
@@ -99,8 +100,9 @@ ChatAnswer parse_chat_answer(const std::string& name);
 //   user: SHOT 2's question ... assistant: ...
 //   user: the item's question                  (INSTRUCTION\n\n before it when no shots)
 // A question is the plain prompt's without its "\nAnswer:" cue: "Question: STEM\nA. ..\nE. ..".
-// A shot's answer: "The answer is (X)." (or "X" in the letter form); a GSM8K shot's worked
-// solution with its <<calculator>> notes removed and "#### N" written "The answer is N.".
+// A shot's answer: "The answer is (X)." ("X" in the letter form, "The answer is (X) TEXT." in
+// the choice form); a GSM8K shot's worked solution with its <<calculator>> notes removed and
+// "#### N" written "The answer is N.".
 std::vector<ChatMessage> chat_messages(const Task& task, const Item& item);
 
 // Where the output stops being the answer: the first newline for multiple choice, the start of

@@ -2,7 +2,8 @@
 // (local, cloud, route at several target cloud shares, speculative) asks every item of a task
 // through an EdgeDecoder talking to a cloud (a `tandem serve` or any supported backend), logs each
 // item's prompt, output and extracted answer, and ends with a results JSON, a markdown table and
-// plots drawn by gnuplot. An interrupted run resumes from its item logs.
+// plots drawn by gnuplot. An interrupted run resumes from its item logs. --chat asks the items
+// as chat turns in the model's own template (instruct models; tandem/eval_tasks.h).
 #include <unistd.h>
 
 #include <chrono>
@@ -224,10 +225,12 @@ class EvalCommand : public Command {
                    "Ask each item as a chat (instruct models): the model's own chat template, "
                    "the shots as earlier turns, answers as \"The answer is (X)\" (docs/eval.md)");
     sub_->add_option("--system", system_, "With --chat: a system message before the turns");
-    sub_->add_option("--chat-answer", chat_answer_,
-                     "With --chat, multiple choice: reason (one short sentence, then \"The "
-                     "answer is (X)\") or letter (the letter alone)")
-        ->check(CLI::IsMember({"reason", "letter"}))
+    sub_->add_option(
+            "--chat-answer", chat_answer_,
+            "With --chat, multiple choice: reason (one short sentence, then \"The "
+            "answer is (X)\"), letter (the letter alone) or choice (\"The answer is (X)\" and the "
+            "choice's text)")
+        ->check(CLI::IsMember({"reason", "letter", "choice"}))
         ->capture_default_str();
     sub_->add_option("--shots", shots_,
                      "Few-shot examples in the prompt (default 5; lambada is zero-shot)")

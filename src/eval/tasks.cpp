@@ -379,6 +379,9 @@ std::string chat_instruction(const Task& t) {
                                ? "Answer the multiple choice question about science."
                                : "Answer the multiple choice question about common sense.";
   if (t.chat->answer == ChatAnswer::Letter) return what + " Reply with the letter only.";
+  if (t.chat->answer == ChatAnswer::Choice) {
+    return what + " Reply with \"The answer is (X)\" and the text of choice X, X the letter.";
+  }
   return what +
          " Give one short sentence of reasoning, then end with \"The answer is (X)\", X the "
          "letter.";
@@ -410,11 +413,22 @@ std::string chat_worked_solution(const std::string& reference) {
   return out.substr(0, hashes) + "The answer is " + number.value_or("") + ".";
 }
 
+// The text of a multiple-choice item's choice: "refrigerator" for "\nB. refrigerator\n".
+std::string choice_text(const Item& item, const std::string& label) {
+  const std::string line = "\n" + label + ". ";
+  const size_t at = item.question.find(line);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + line.size();
+  return item.question.substr(begin, item.question.find('\n', begin) - begin);
+}
+
 // A shot's answer turn in the task's chat form.
 std::string chat_shot_answer(const Task& t, const Item& shot) {
   if (t.kind == TaskKind::Numeric) return chat_worked_solution(shot.reference);
   if (t.kind == TaskKind::Word) return shot.gold;
   if (t.chat->answer == ChatAnswer::Letter) return shot.gold;
+  if (t.chat->answer == ChatAnswer::Choice)
+    return "The answer is (" + shot.gold + ") " + choice_text(shot, shot.gold) + ".";
   return "The answer is (" + shot.gold + ").";
 }
 
@@ -424,17 +438,28 @@ void use_chat_form(Task& task, const ChatForm& form) {
   task.chat = form;
   if (task.kind == TaskKind::Numeric) task.max_answer_tokens = 384;
   if (task.kind == TaskKind::MultipleChoice)
-    task.max_answer_tokens = form.answer == ChatAnswer::Reason ? 48 : 4;
+    task.max_answer_tokens = form.answer == ChatAnswer::Reason   ? 48
+                             : form.answer == ChatAnswer::Choice ? 24
+                                                                 : 4;
 }
 
 std::string chat_answer_name(ChatAnswer answer) {
-  return answer == ChatAnswer::Reason ? "reason" : "letter";
+  switch (answer) {
+    case ChatAnswer::Reason:
+      return "reason";
+    case ChatAnswer::Letter:
+      return "letter";
+    case ChatAnswer::Choice:
+      return "choice";
+  }
+  return "reason";
 }
 
 ChatAnswer parse_chat_answer(const std::string& name) {
   if (name == "reason") return ChatAnswer::Reason;
   if (name == "letter") return ChatAnswer::Letter;
-  throw Error("chat answer form '" + name + "' is not reason or letter");
+  if (name == "choice") return ChatAnswer::Choice;
+  throw Error("chat answer form '" + name + "' is not reason, letter or choice");
 }
 
 std::vector<ChatMessage> chat_messages(const Task& task, const Item& item) {

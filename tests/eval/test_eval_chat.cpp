@@ -55,6 +55,17 @@ TEST(EvalChat, ShotsAreEarlierTurnsAndTheItemTheLastUserTurn) {
   ASSERT_EQ(one.size(), 1u) << "no shots, no system: one user turn";
   EXPECT_NE(one[0].content.find("Reply with the letter only.\n\nQuestion: "), std::string::npos);
   EXPECT_EQ(letter.max_answer_tokens, 4);
+  // The choice form: the shot's answer names its choice's text after the letter.
+  const Task choice = chat_task("csqa-train", 1, {"", ChatAnswer::Choice});
+  const auto named = chat_messages(choice, choice.items[0]);
+  ASSERT_EQ(named.size(), 3u);
+  const Item& shot = choice.shots[0];
+  const std::string answer = named[1].content;
+  ASSERT_EQ(answer.rfind("The answer is (" + shot.gold + ") ", 0), 0u) << answer;
+  const std::string text = answer.substr(18, answer.size() - 19);
+  EXPECT_NE(shot.question.find("\n" + shot.gold + ". " + text + "\n"), std::string::npos) << text;
+  EXPECT_EQ(extract_chat_choice(answer, shot.labels), shot.gold);
+  EXPECT_EQ(choice.max_answer_tokens, 24);
   EXPECT_THROW(chat_messages(load_task("csqa", data_dir(), 0), letter.items[0]), Error)
       << "a task without a chat form";
 }
@@ -165,6 +176,7 @@ TEST(EvalChat, CutsAtTheEndOfTheAnswerStatement) {
 TEST(EvalChat, AnswerFormNames) {
   EXPECT_EQ(parse_chat_answer(chat_answer_name(ChatAnswer::Reason)), ChatAnswer::Reason);
   EXPECT_EQ(parse_chat_answer(chat_answer_name(ChatAnswer::Letter)), ChatAnswer::Letter);
+  EXPECT_EQ(parse_chat_answer(chat_answer_name(ChatAnswer::Choice)), ChatAnswer::Choice);
   EXPECT_THROW(parse_chat_answer("essay"), Error);
 }
 
