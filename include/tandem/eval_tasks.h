@@ -11,6 +11,11 @@
 // LAMBADA is zero-shot: the prompt is the passage up to its last word, and the answer is the
 // first word the model writes (the word rule below), compared exactly with the passage's own.
 //
+// Chat prompts (`tandem eval --chat`, for instruct models) ask the same items as a conversation:
+// the task's instruction, the shots as earlier user/assistant turns and the item as the last
+// user turn, rendered by the model's own chat template and answered in a form of their own
+// ("The answer is (X)", see chat_messages below).
+//
 // Public (owned by src/eval), for `tandem eval` and `tandem router collect`, which ask or trace
 // the tasks' items.
 #pragma once
@@ -19,6 +24,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "tandem/chat.h"  // ChatMessage
 
 namespace tandem::eval {
 
@@ -37,6 +44,18 @@ struct Item {
                                     // show theirs); empty for multiple choice
 };
 
+// How a multiple-choice item is answered in a chat prompt: one short sentence of reason ending
+// in "The answer is (X)"; the letter alone; or "The answer is (X) TEXT", the choice's text
+// after its letter.
+enum class ChatAnswer { Reason, Letter, Choice };
+
+// The chat prompt form of a task (tandem eval --chat); absent from Task::chat: the plain
+// completion prompts.
+struct ChatForm {
+  std::string system;  // the system turn's text; "" for none
+  ChatAnswer answer = ChatAnswer::Reason;
+};
+
 struct Task {
   std::string name;  // "csqa", "arc-easy", "arc-challenge", "piqa", "gsm8k", "lambada"
   TaskKind kind = TaskKind::MultipleChoice;
@@ -45,6 +64,8 @@ struct Task {
   int max_answer_tokens = 4;
   std::string source;  // the data file the items come from
   std::string shots_from;
+  std::vector<Item> shots;       // the examples in the header, in order
+  std::optional<ChatForm> chat;  // set by use_chat_form: items are asked as chat turns
 };
 
 // Names accepted by load_task.
@@ -63,6 +84,27 @@ Task load_task(const std::string& name, const std::string& data_dir, int shots);
 // The full prompt of an item: header + question.
 std::string item_prompt(const Task& task, const Item& item);
 
+// Asks the task's items as chat turns from now on (Task::chat), with room for the form's
+// answer in max_answer_tokens: multiple choice 48 tokens for a reason, 4 for a letter, 24 for a
+// choice; 384 for a GSM8K solution; LAMBADA keeps 8.
+void use_chat_form(Task& task, const ChatForm& form);
+// "reason" / "letter"; parse_chat_answer throws tandem::Error naming the choices.
+std::string chat_answer_name(ChatAnswer answer);
+ChatAnswer parse_chat_answer(const std::string& name);
+
+// An item as a conversation (task.chat must be set), for the model's chat template
+// (Model::chat_prompt, then tokenized with parse_special):
+//   [system: form.system]                      when given
+//   user: INSTRUCTION\n\nSHOT 1's question     the shots as earlier turns, the instruction
+//   assistant: SHOT 1's answer                  in the first user turn only
+//   user: SHOT 2's question ... assistant: ...
+//   user: the item's question                  (INSTRUCTION\n\n before it when no shots)
+// A question is the plain prompt's without its "\nAnswer:" cue: "Question: STEM\nA. ..\nE. ..".
+// A shot's answer: "The answer is (X)." ("X" in the letter form, "The answer is (X) TEXT." in
+// the choice form); a GSM8K shot's worked solution with its <<calculator>> notes removed and
+// "#### N" written "The answer is N.".
+std::vector<ChatMessage> chat_messages(const Task& task, const Item& item);
+
 // Where the output stops being the answer: the first newline for multiple choice, the start of
 // a next "Question:" for GSM8K, the end of the first word for LAMBADA. Returns the output cut
 // there.
@@ -70,9 +112,28 @@ std::string cut_answer(TaskKind kind, const std::string& output);
 // True once the output so far can no longer change the extracted answer (generation may stop).
 bool answer_complete(TaskKind kind, const std::string& output);
 
-// The answer in an output already cut by cut_answer, by the task's kind of extraction below.
+// The same for a task's own form, plain or chat (chat: cut_chat_answer below).
+std::string cut_answer(const Task& task, const std::string& output);
+bool answer_complete(const Task& task, const std::string& output);
+
+// The answer in an output already cut by cut_answer, by the task's kind of extraction below
+// (chat prompts: extract_chat_choice for multiple choice).
 std::optional<std::string> extract_answer(const Task& task, const Item& item,
                                           const std::string& output);
+
+// Chat answers. The assistant's end of turn (the template's EOS/EOT token) ends generation
+// before this sees it. A multiple-choice answer is the letter of an answer statement, "The
+// answer is" (or "the answer is"), optional ':' and spaces, then a label alone as
+// extract_choice reads it: " (B)", "B."; the statement ends at the first '.' after the label,
+// or a newline. The output is cut at the end of the first statement (the answer is fixed
+// there). Without a statement the whole output must be a label alone ("B", "(B)", "B.", with
+// whitespace around). No answer when: a statement's rest names another of the item's labels
+// ("(A) or (B)"), two statements differ, the letter is not the item's ("The answer is (F)" of
+// five choices), or there is neither. GSM8K: the whole output, extract_number; LAMBADA: the
+// word rule, as plain.
+std::string cut_chat_answer(TaskKind kind, const std::string& output);
+std::optional<std::string> extract_chat_choice(const std::string& output,
+                                               const std::vector<std::string>& labels);
 
 // Strict extraction; nullopt when the output holds no valid answer.
 //  multiple choice: after optional spaces, one of `labels` alone, optionally in parentheses or

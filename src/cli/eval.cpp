@@ -2,7 +2,8 @@
 // (local, cloud, route at several target cloud shares, speculative) asks every item of a task
 // through an EdgeDecoder talking to a cloud (a `tandem serve` or any supported backend), logs each
 // item's prompt, output and extracted answer, and ends with a results JSON, a markdown table and
-// plots drawn by gnuplot. An interrupted run resumes from its item logs.
+// plots drawn by gnuplot. An interrupted run resumes from its item logs. --chat asks the items
+// as chat turns in the model's own template (instruct models; tandem/eval_tasks.h).
 #include <unistd.h>
 
 #include <chrono>
@@ -100,9 +101,23 @@ std::vector<RunSpec> parse_runs(const std::string& modes, const std::vector<doub
   return runs;
 }
 
+// The prompt form of a task for its item logs and results.json: null for the plain prompts,
+// {"answer": "reason", "system": S} for chat prompts.
+json prompt_form(const Task& task) {
+  if (!task.chat) return nullptr;
+  return {{"answer", chat_answer_name(task.chat->answer)}, {"system", task.chat->system}};
+}
+
+std::string describe_form(const json& form) {
+  if (form.is_null()) return "the plain prompts";
+  return "--chat --chat-answer " + form.value("answer", std::string()) + " --system '" +
+         form.value("system", std::string()) + "'";
+}
+
 // Reads an item log, keeping whole lines only (a killed run may leave half a line, which is cut
-// off so that appending continues cleanly).
-std::map<std::string, ItemRecord> read_log(const fs::path& path) {
+// off so that appending continues cleanly). Throws when a line was asked in another prompt
+// form than `form` (its "chat" field; none: plain), so a resumed run never mixes forms.
+std::map<std::string, ItemRecord> read_log(const fs::path& path, const json& form) {
   std::map<std::string, ItemRecord> done;
   std::ifstream in(path, std::ios::binary);
   if (!in) return done;
@@ -117,6 +132,12 @@ std::map<std::string, ItemRecord> read_log(const fs::path& path) {
     ItemRecord r;
     if (!j.contains("id") || !j["id"].is_string()) break;  // not one of ours: stop reading here
     r.id = j["id"].get<std::string>();
+    const json line_form = j.value("chat", json(nullptr));
+    if (line_form != form) {
+      throw Error(path.string() + ": item " + r.id + " was asked with " + describe_form(line_form) +
+                  ", this run asks with " + describe_form(form) +
+                  "; give another --out to keep both");
+    }
     r.correct = j.value("correct", false);
     if (j.contains("answer") && j["answer"].is_string()) r.answer = j["answer"].get<std::string>();
     r.tokens = j.value("tokens", 0);
@@ -200,6 +221,17 @@ class EvalCommand : public Command {
                      "margin (default confidence; none by default when --router is given)")
         ->capture_default_str();
     edge_.add_to(*sub_, EdgeFlags::kControl);
+    sub_->add_flag("--chat", chat_,
+                   "Ask each item as a chat (instruct models): the model's own chat template, "
+                   "the shots as earlier turns, answers as \"The answer is (X)\" (docs/eval.md)");
+    sub_->add_option("--system", system_, "With --chat: a system message before the turns");
+    sub_->add_option(
+            "--chat-answer", chat_answer_,
+            "With --chat, multiple choice: reason (one short sentence, then \"The "
+            "answer is (X)\"), letter (the letter alone) or choice (\"The answer is (X)\" and the "
+            "choice's text)")
+        ->check(CLI::IsMember({"reason", "letter", "choice"}))
+        ->capture_default_str();
     sub_->add_option("--shots", shots_,
                      "Few-shot examples in the prompt (default 5; lambada is zero-shot)")
         ->check(CLI::Range(0, 32));
@@ -226,6 +258,7 @@ class EvalCommand : public Command {
     base_.sampling.temp = 0;
     if (out_.empty()) out_ = "eval-out/" + task_;
     if (rates_.empty()) rates_ = {0.05, 0.2};
+    check_chat_flags();
     if (task_ == "wikitext" || task_ == "wikitext-valid") return run_wikitext();
     const auto runs = parse_runs(modes_, rates_, policies());
     // The device reaches the cloud through the delay proxy when a round trip is asked for.
@@ -237,6 +270,7 @@ class EvalCommand : public Command {
     }
     if (shots_ < 0) shots_ = default_shots(task_);
     Task task = load_task(task_, data_, shots_);
+    if (chat_) use_chat_form(task, {system_, parse_chat_answer(chat_answer_)});
     select_items(task);
     if (limit_ > 0 && static_cast<size_t>(limit_) < task.items.size()) task.items.resize(limit_);
     fs::create_directories(out_);
@@ -249,7 +283,10 @@ class EvalCommand : public Command {
                        {"shots", shots_},
                        {"shots_from", task.shots_from},
                        {"items", task.items.size()},
-                       {"header", task.header}};
+                       {"header", task.header},
+                       {"chat", prompt_form(task)}};
+    if (task.chat && !task.items.empty())
+      results["task"]["chat_example"] = chat_example(task, *model);
     results["edge"] = {{"path", edge_.model},
                        {"name", model->info().name},
                        {"vocab_hash", model->info().vocab_hash},
@@ -281,6 +318,31 @@ class EvalCommand : public Command {
   }
 
  private:
+  // --system and --chat-answer only mean something with --chat, and --chat only for tasks
+  // asked item by item.
+  void check_chat_flags() const {
+    if (!chat_ && (sub_->count("--system") > 0 || sub_->count("--chat-answer") > 0))
+      throw Error("--system and --chat-answer go with --chat");
+    if (chat_ && (task_ == "wikitext" || task_ == "wikitext-valid"))
+      throw Error("--chat asks a task's items as chat turns; --task " + task_ + " scores text");
+  }
+
+  // The first item's chat prompt for results.json: the template's text and its token ids.
+  static json chat_example(const Task& task, const Model& model) {
+    const Item& item = task.items.front();
+    return {{"id", item.id},
+            {"text", model.chat_prompt(chat_messages(task, item), true)},
+            {"ids", prompt_ids(task, model, item)}};
+  }
+
+  // An item's prompt as the model reads it: the plain completion prompt, or the conversation in
+  // the model's own chat template with its control tokens ("<|im_start|>") as single tokens, as
+  // `tandem run --chat` tokenizes it (BOS added by the vocabulary where it asks for one).
+  static std::vector<TokenId> prompt_ids(const Task& task, const Model& model, const Item& item) {
+    if (!task.chat) return model.tokenize(item_prompt(task, item), true, false);
+    return model.tokenize(model.chat_prompt(chat_messages(task, item), true), true, true);
+  }
+
   // --task wikitext: the offline log-likelihood replay (eval_loglik.cpp).
   int run_wikitext() const {
     WikitextEvalOptions w;
@@ -415,7 +477,7 @@ class EvalCommand : public Command {
   std::map<std::string, ItemRecord> run_one(const RunSpec& spec, const Task& task,
                                             const Model& model, json& results) {
     const fs::path log = fs::path(out_) / ("items-" + spec.name + ".jsonl");
-    auto done = read_log(log);
+    auto done = read_log(log, prompt_form(task));
     size_t todo = 0;
     for (const auto& it : task.items) todo += done.count(it.id) == 0;
     if (todo == 0) {
@@ -431,10 +493,10 @@ class EvalCommand : public Command {
     for (const Item& item : task.items) {
       if (done.count(item.id)) continue;
       const Generation g = generate_item(*edge, spec, task, model, item);
-      const std::string output = cut_answer(task.kind, g.res.text);
+      const std::string output = cut_answer(task, g.res.text);
       const auto answer = extract_answer(task, item, output);
       const ItemRecord r = item_record(task, item, g, output, answer);
-      out << log_line(spec, item, r, output, answer, g.error)
+      out << log_line(spec, item, r, output, answer, g.error, prompt_form(task))
                  .dump(-1, ' ', false, json::error_handler_t::replace)
           << "\n";
       out.flush();
@@ -495,7 +557,7 @@ class EvalCommand : public Command {
   // three are printed.
   Generation generate_item(EdgeDecoder& edge, const RunSpec& spec, const Task& task,
                            const Model& model, const Item& item) {
-    const auto ids = model.tokenize(item_prompt(task, item), true, false);
+    const auto ids = prompt_ids(task, model, item);
     Generation g;
     std::string text;
     try {
@@ -503,7 +565,7 @@ class EvalCommand : public Command {
           ids, task.max_answer_tokens, [&](const EdgeToken& t, std::string_view piece) {
             g.token_starts.emplace_back(text.size(), t.source == TokenSource::Cloud);
             text += piece;
-            return !answer_complete(task.kind, text);
+            return !answer_complete(task, text);
           });
     } catch (const Error& e) {
       g.error = e.what();
@@ -543,7 +605,7 @@ class EvalCommand : public Command {
   // The item's line in items-NAME.jsonl (read back by read_log on a resumed run).
   static json log_line(const RunSpec& spec, const Item& item, const ItemRecord& r,
                        const std::string& output, const std::optional<std::string>& answer,
-                       const std::string& error) {
+                       const std::string& error, const json& form) {
     json line = {{"id", r.id},
                  {"run", spec.name},
                  {"question", item.question},
@@ -565,6 +627,7 @@ class EvalCommand : public Command {
                  {"route_changed", r.route_changed},
                  {"wasted_tokens", r.wasted_tokens}};
     if (!error.empty()) line["error"] = error;
+    if (!form.is_null()) line["chat"] = form;
     return line;
   }
 
@@ -602,6 +665,8 @@ class EvalCommand : public Command {
   EdgeOptions base_;  // every run's options but its mode and router (edge_ resolved, greedy)
   std::string task_, modes_ = "local,cloud,route,speculative", policy_ = "confidence";
   std::string data_, out_, cloud_model_;
+  bool chat_ = false;
+  std::string system_, chat_answer_ = "reason";
   int chunks_ = 8, chunk_tokens_ = 512, chunk_offset_ = 0;
   std::vector<std::string> router_files_;
   std::string items_;

@@ -72,6 +72,7 @@ json run_row(const ReportRun& spec, const ReportTask& task, const RunRecords& by
               {"answer_tokens", tokens},
               {"cloud_tokens", cloud},
               {"generated_tokens", generated},
+              {"generated_per_answer", n ? static_cast<double>(generated) / n : 0.0},
               {"cloud_share_of_generated",
                generated ? static_cast<double>(generated_cloud) / generated : 0.0},
               {"route_events", events},

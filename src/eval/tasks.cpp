@@ -1,9 +1,11 @@
 #include "tandem/eval_tasks.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "common/error.h"
 
@@ -316,6 +318,7 @@ void add_shots(Task& t, int shots, LoadedItems& l) {
   for (size_t s = 0; s < l.shot_items.size(); ++s) {
     t.header += shot_text(l.shot_items[s], t.kind, t.kind == TaskKind::Numeric ? l.worked[s] : "");
   }
+  t.shots = std::move(l.shot_items);
 }
 
 }  // namespace
@@ -359,6 +362,119 @@ std::string item_prompt(const Task& task, const Item& item) {
   return task.header + item.question;
 }
 
+namespace {
+
+// The chat form's instruction: the task, and how to answer.
+std::string chat_instruction(const Task& t) {
+  if (t.kind == TaskKind::Word) {
+    return "Write the word that comes next at the end of this passage. Reply with that one word "
+           "only.";
+  }
+  if (t.kind == TaskKind::Numeric) {
+    return "Solve the math word problem. Reason step by step, briefly, then end with \"The "
+           "answer is N\", N the number.";
+  }
+  const std::string what = t.name == "piqa" ? "Choose the better solution to the goal."
+                           : t.name.rfind("arc", 0) == 0
+                               ? "Answer the multiple choice question about science."
+                               : "Answer the multiple choice question about common sense.";
+  if (t.chat->answer == ChatAnswer::Letter) return what + " Reply with the letter only.";
+  if (t.chat->answer == ChatAnswer::Choice) {
+    return what + " Reply with \"The answer is (X)\" and the text of choice X, X the letter.";
+  }
+  return what +
+         " Give one short sentence of reasoning, then end with \"The answer is (X)\", X the "
+         "letter.";
+}
+
+// The item's question as a chat turn: the plain prompt's without its "Answer:" cue.
+std::string chat_question(const Item& item) {
+  static const std::string cue = "\nAnswer:";
+  const std::string& q = item.question;
+  if (q.size() >= cue.size() && q.compare(q.size() - cue.size(), cue.size(), cue) == 0)
+    return q.substr(0, q.size() - cue.size());
+  return q;
+}
+
+// "Natalia sold 48/2 = <<48/2=24>>24 clips ... #### 72" -> "... 24 clips ... The answer is 72."
+std::string chat_worked_solution(const std::string& reference) {
+  std::string out;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const size_t close = reference.compare(i, 2, "<<") == 0 ? reference.find(">>", i) : i;
+    if (close != i && close != std::string::npos) {
+      i = close + 1;
+      continue;
+    }
+    out += reference[i];
+  }
+  const size_t hashes = out.rfind("####");
+  if (hashes == std::string::npos) return out;
+  const auto number = extract_number(out.substr(hashes));
+  return out.substr(0, hashes) + "The answer is " + number.value_or("") + ".";
+}
+
+// The text of a multiple-choice item's choice: "refrigerator" for "\nB. refrigerator\n".
+std::string choice_text(const Item& item, const std::string& label) {
+  const std::string line = "\n" + label + ". ";
+  const size_t at = item.question.find(line);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + line.size();
+  return item.question.substr(begin, item.question.find('\n', begin) - begin);
+}
+
+// A shot's answer turn in the task's chat form.
+std::string chat_shot_answer(const Task& t, const Item& shot) {
+  if (t.kind == TaskKind::Numeric) return chat_worked_solution(shot.reference);
+  if (t.kind == TaskKind::Word) return shot.gold;
+  if (t.chat->answer == ChatAnswer::Letter) return shot.gold;
+  if (t.chat->answer == ChatAnswer::Choice)
+    return "The answer is (" + shot.gold + ") " + choice_text(shot, shot.gold) + ".";
+  return "The answer is (" + shot.gold + ").";
+}
+
+}  // namespace
+
+void use_chat_form(Task& task, const ChatForm& form) {
+  task.chat = form;
+  if (task.kind == TaskKind::Numeric) task.max_answer_tokens = 384;
+  if (task.kind == TaskKind::MultipleChoice)
+    task.max_answer_tokens = form.answer == ChatAnswer::Reason   ? 48
+                             : form.answer == ChatAnswer::Choice ? 24
+                                                                 : 4;
+}
+
+std::string chat_answer_name(ChatAnswer answer) {
+  switch (answer) {
+    case ChatAnswer::Reason:
+      return "reason";
+    case ChatAnswer::Letter:
+      return "letter";
+    case ChatAnswer::Choice:
+      return "choice";
+  }
+  return "reason";
+}
+
+ChatAnswer parse_chat_answer(const std::string& name) {
+  if (name == "reason") return ChatAnswer::Reason;
+  if (name == "letter") return ChatAnswer::Letter;
+  if (name == "choice") return ChatAnswer::Choice;
+  throw Error("chat answer form '" + name + "' is not reason, letter or choice");
+}
+
+std::vector<ChatMessage> chat_messages(const Task& task, const Item& item) {
+  if (!task.chat) throw Error("chat_messages: task " + task.name + " has no chat form");
+  std::vector<ChatMessage> msgs;
+  if (!task.chat->system.empty()) msgs.push_back({"system", task.chat->system});
+  std::string instruction = chat_instruction(task) + "\n\n";
+  for (const Item& shot : task.shots) {
+    msgs.push_back({"user", std::exchange(instruction, "") + chat_question(shot)});
+    msgs.push_back({"assistant", chat_shot_answer(task, shot)});
+  }
+  msgs.push_back({"user", instruction + chat_question(item)});
+  return msgs;
+}
+
 std::string cut_answer(TaskKind kind, const std::string& output) {
   if (kind == TaskKind::MultipleChoice) return output.substr(0, output.find('\n'));
   if (kind == TaskKind::Word) return output.substr(0, find_word(output).end);
@@ -373,11 +489,21 @@ bool answer_complete(TaskKind kind, const std::string& output) {
   return cut_answer(kind, output).size() < output.size();
 }
 
+std::string cut_answer(const Task& task, const std::string& output) {
+  return task.chat ? cut_chat_answer(task.kind, output) : cut_answer(task.kind, output);
+}
+
+bool answer_complete(const Task& task, const std::string& output) {
+  if (task.kind == TaskKind::Word) return find_word(output).complete;
+  return cut_answer(task, output).size() < output.size();
+}
+
 std::optional<std::string> extract_answer(const Task& task, const Item& item,
                                           const std::string& output) {
   switch (task.kind) {
     case TaskKind::MultipleChoice:
-      return extract_choice(output, item.labels);
+      return task.chat ? extract_chat_choice(output, item.labels)
+                       : extract_choice(output, item.labels);
     case TaskKind::Numeric:
       return extract_number(output);
     case TaskKind::Word:
@@ -408,6 +534,98 @@ std::optional<std::string> extract_choice(const std::string& output,
     return label;
   }
   return std::nullopt;
+}
+
+namespace {
+
+bool is_alnum(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+}
+
+// One answer statement in a chat answer: "The answer is (B) bank." -> letter 'B', rest " bank"
+// (output[rest_begin, end)), ended at the '.' (end = its offset; ended false when the output
+// stops before a '.' or newline).
+struct Statement {
+  char letter = 0;
+  size_t rest_begin = 0, end = 0;
+  bool ended = false;
+};
+
+// The statement whose marker ends at `i`, if a letter alone follows it.
+std::optional<Statement> statement_at(const std::string& out, size_t i) {
+  while (i < out.size() && (out[i] == ' ' || out[i] == ':')) ++i;
+  const bool paren = i < out.size() && out[i] == '(';
+  i += paren;
+  if (i >= out.size() || out[i] < 'A' || out[i] > 'Z') return std::nullopt;
+  Statement st;
+  st.letter = out[i++];
+  if (paren && (i >= out.size() || out[i++] != ')')) return std::nullopt;
+  if (i < out.size() && is_alnum(out[i])) return std::nullopt;
+  st.rest_begin = i;
+  st.end = std::min(out.find('.', i), out.find('\n', i));
+  st.ended = st.end != std::string::npos;
+  if (!st.ended) st.end = out.size();
+  return st;
+}
+
+// Every answer statement of a chat answer, in order.
+std::vector<Statement> answer_statements(const std::string& out) {
+  std::vector<Statement> found;
+  for (size_t at = 0; at < out.size(); ++at) {
+    for (const std::string_view marker : {"The answer is", "the answer is"}) {
+      if (out.compare(at, marker.size(), marker) != 0) continue;
+      if (auto st = statement_at(out, at + marker.size())) found.push_back(*st);
+    }
+  }
+  return found;
+}
+
+bool is_label(char c, const std::vector<std::string>& labels) {
+  return std::find(labels.begin(), labels.end(), std::string(1, c)) != labels.end();
+}
+
+// Whether text names one of the labels other than `letter` as a letter standing alone.
+bool names_other_label(std::string_view text, char letter, const std::vector<std::string>& labels) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const bool alone =
+        (i == 0 || !is_alnum(text[i - 1])) && (i + 1 == text.size() || !is_alnum(text[i + 1]));
+    if (alone && text[i] != letter && is_label(text[i], labels)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string cut_chat_answer(TaskKind kind, const std::string& output) {
+  if (kind == TaskKind::Word) return cut_answer(kind, output);
+  if (kind == TaskKind::Numeric) return output;
+  for (const Statement& st : answer_statements(output)) {
+    if (st.ended) return output.substr(0, st.end);
+  }
+  return output;
+}
+
+std::optional<std::string> extract_chat_choice(const std::string& output,
+                                               const std::vector<std::string>& labels) {
+  const std::vector<Statement> statements = answer_statements(output);
+  if (statements.empty()) {
+    // A letter alone: "B", "(B)", "B." or "B)", whitespace around.
+    const size_t b = output.find_first_not_of(" \t\r\n");
+    const size_t e = output.find_last_not_of(" \t\r\n");
+    if (b == std::string::npos) return std::nullopt;
+    const std::string alone = output.substr(b, e + 1 - b);
+    for (const std::string& l : labels) {
+      if (alone == l || alone == "(" + l + ")" || alone == l + "." || alone == l + ")") return l;
+    }
+    return std::nullopt;
+  }
+  const char letter = statements.front().letter;
+  for (const Statement& st : statements) {
+    const std::string_view rest(output.data() + st.rest_begin, st.end - st.rest_begin);
+    if (st.letter != letter || names_other_label(rest, letter, labels)) return std::nullopt;
+  }
+  if (!is_label(letter, labels)) return std::nullopt;
+  return std::string(1, letter);
 }
 
 std::optional<std::string> normalize_number(std::string s) {

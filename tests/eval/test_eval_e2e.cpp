@@ -328,5 +328,51 @@ TEST(EvalEndToEnd, WikitextValidReadsTheValidationFile) {
   fs::remove_all(out);
 }
 
+// --chat through the binary, on a qwen2 model (ChatML by its architecture): results.json names
+// the form and holds the first item's prompt, whose ids are the template text's as `tandem
+// tokenize --parse-special` gives them; every item line records the form, and a resumed run in
+// another form (plain, or another system message) is refused before it asks anything.
+TEST(EvalEndToEnd, ChatPromptsAreRecordedAndResumeRefusesToMixForms) {
+  const std::string edge = testdata_path("models/synth-qwen2-Q4_K_M.gguf");
+  const std::string data = (shared_dir() / "data").string();
+  const fs::path out = fs::temp_directory_path() / ("tandem-chat-" + std::to_string(getpid()));
+  fs::remove_all(out);
+  auto eval = [&](const std::string& items, std::vector<std::string> form) {
+    std::vector<std::string> a = {"eval",   "-m",      edge,        "--task", "csqa-train",
+                                  "--data", data,      "--items",   items,    "--modes",
+                                  "local",  "--shots", "1",         "--out",  out.string(),
+                                  "-t",     "1",       "--no-plots"};
+    a.insert(a.end(), form.begin(), form.end());
+    return run_tandem(a, fs::temp_directory_path());
+  };
+  const std::vector<std::string> chat = {"--chat", "--system", "Be brief."};
+  const Ran first = eval("0-2", chat);
+  ASSERT_EQ(first.rc, 0) << first.err;
+  const json results = json::parse(std::ifstream(out / "results.json"));
+  EXPECT_EQ(results["task"]["chat"], json({{"answer", "reason"}, {"system", "Be brief."}}));
+  const json& example = results["task"]["chat_example"];
+  const std::string text = example["text"].get<std::string>();
+  EXPECT_EQ(text.rfind("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n", 0), 0u);
+  EXPECT_TRUE(text.ends_with("<|im_end|>\n<|im_start|>assistant\n"));
+  const Ran tok = run_tandem({"tokenize", "-m", edge, "--parse-special", "--json", "-p", text},
+                             fs::temp_directory_path());
+  ASSERT_EQ(tok.rc, 0) << tok.err;
+  EXPECT_EQ(example["ids"], json::parse(tok.out)["ids"]);
+  for (const json& line : read_lines(out / "items-local.jsonl"))
+    EXPECT_EQ(line["chat"], results["task"]["chat"]);
+
+  const Ran plain = eval("0-3", {});
+  EXPECT_EQ(plain.rc, 1);
+  EXPECT_NE(plain.err.find("was asked with --chat"), std::string::npos) << plain.err;
+  const Ran other = eval("0-3", {"--chat", "--system", "Be long."});
+  EXPECT_EQ(other.rc, 1);
+  EXPECT_EQ(read_lines(out / "items-local.jsonl").size(), 3u) << "nothing asked, nothing cut";
+  const Ran again = eval("0-3", chat);
+  EXPECT_EQ(again.rc, 0) << again.err;
+  EXPECT_EQ(read_lines(out / "items-local.jsonl").size(), 4u) << "the same form resumes";
+  EXPECT_EQ(eval("0-3", {"--system", "x"}).rc, 1) << "--system without --chat";
+  fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace tandem::testing
