@@ -27,6 +27,22 @@ bool contains(std::string_view s, std::string_view what) {
 
 }  // namespace
 
+std::string chatml_default_system(std::string_view tmpl) {
+  // In the Jinja text the literal is '<|im_start|>system\n...<|im_end|>\n', with "\n" written
+  // as a backslash and an n; a literal that goes on with an expression ('...' + content) is not a
+  // default.
+  const std::string_view open = "'<|im_start|>system\\n", close = "<|im_end|>";
+  for (size_t at = tmpl.find(open); at != std::string_view::npos; at = tmpl.find(open, at + 1)) {
+    const size_t begin = at + open.size();
+    const size_t end = tmpl.find(close, begin);
+    if (end == std::string_view::npos) break;
+    const std::string_view body = tmpl.substr(begin, end - begin);
+    if (body.empty() || body.find_first_of("'\"{}+") != std::string_view::npos) continue;
+    return std::string(body);
+  }
+  return "";
+}
+
 std::string_view chat_template_name(ChatTemplateKind kind) {
   switch (kind) {
     case ChatTemplateKind::Gemma:
@@ -117,7 +133,17 @@ std::string apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMes
 
 std::string apply_chat_template(const GgufFile& f, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt) {
-  return apply_chat_template(chat_template_from_gguf(f), messages, add_generation_prompt);
+  const ChatTemplateKind kind = chat_template_from_gguf(f);
+  const bool has_system = !messages.empty() && messages.front().role == "system";
+  if (kind == ChatTemplateKind::ChatML && !has_system) {
+    const auto tmpl = f.get_string_opt("tokenizer.chat_template");
+    if (const std::string system = tmpl ? chatml_default_system(*tmpl) : ""; !system.empty()) {
+      std::vector<ChatMessage> with_system = {{"system", system}};
+      with_system.insert(with_system.end(), messages.begin(), messages.end());
+      return apply_chat_template(kind, with_system, add_generation_prompt);
+    }
+  }
+  return apply_chat_template(kind, messages, add_generation_prompt);
 }
 
 }  // namespace tandem

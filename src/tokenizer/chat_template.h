@@ -35,7 +35,15 @@ ChatTemplateKind chat_template_from_gguf(const GgufFile& f);
 //  Phi3:   "<|{role}|>\n{content}<|end|>\n"; prompt "<|assistant|>\n".
 std::string apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt);
+// The GGUF's own template as its Jinja text renders it: a ChatML template that writes a system
+// turn of its own when the conversation has none (Qwen2.5's "You are Qwen, created by Alibaba
+// Cloud. You are a helpful assistant.") gets that turn first, as llama.cpp's Jinja path
+// (llama-server's default) renders it; llama.cpp's legacy built-in path leaves it out.
 std::string apply_chat_template(const GgufFile& f, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt);
+
+// The system message a ChatML template's Jinja text writes when the conversation has none: the
+// first literal '<|im_start|>system\n...<|im_end|>' with plain text inside; "" when there is none.
+std::string chatml_default_system(std::string_view tmpl);
 
 }  // namespace tandem

@@ -7,9 +7,8 @@
 //   - Perplexity: `tandem perplexity` on WikiText-2 (test), -c 512, kPplChunks chunks, within
 //     0.5 % of llama-perplexity's.
 //   - Chat template: Model::chat_prompt + tokenize(parse_special) gives exactly the ids of
-//     llama.cpp's built-in (legacy) ChatML rendering; the rendering of the GGUF's own Jinja
-//     template (llama-server --jinja; it adds Qwen's default system message) is checked by a
-//     separate, DISABLED_ test until tandem renders the Jinja template.
+//     the rendering of the GGUF's own Jinja template as llama.cpp renders it (llama-server's
+//     default; it adds Qwen's default system message when a conversation has none).
 // The models come from scripts/fetch_model.sh; a test is skipped (with a message) when its file
 // is absent. Paths: $TANDEM_QWEN_EDGE / $TANDEM_QWEN_CLOUD, else
 // ${TANDEM_CACHE:-$HOME/.cache/tandem}/models/qwen2.5-coder-{0.5b,1.5b}-instruct-q4_k_m.gguf.
@@ -310,27 +309,16 @@ TEST_F(QwenPair, CloudPerplexityWithinHalfPercentOfLlamaCpp) {
   perplexity();
 }
 
-// Against llama_chat_apply_template: llama.cpp's built-in templates (the GGUF's template is
-// recognised as ChatML), what llama-server renders without --jinja.
-TEST_F(QwenPair, EdgeChatTemplateMatchesLlamaCppBuiltin) {
-  if (!use(kEdge)) GTEST_SKIP() << absent();
-  chat_template("legacy_text", "legacy_ids");
-}
-TEST_F(QwenPair, CloudChatTemplateMatchesLlamaCppBuiltin) {
-  if (!use(kCloud)) GTEST_SKIP() << absent();
-  chat_template("legacy_text", "legacy_ids");
-}
-
 // Against the GGUF's own Jinja template as llama.cpp renders it (common_chat_templates_apply
-// with use_jinja; llama-server --jinja): with no system message Qwen2.5's template inserts
-// "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", which tandem's ChatML
-// renderer does not (the user-only conversation differs; the other two match). Enable these
-// when tandem renders the template itself.
-TEST_F(QwenPair, DISABLED_EdgeChatTemplateMatchesLlamaCppJinja) {
+// with use_jinja, llama-server's default): with no system message Qwen2.5's template inserts
+// "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", which tandem takes from
+// the template's text (chatml_default_system). llama.cpp's legacy built-in ChatML rendering
+// (llama_chat_apply_template; the files' legacy_text) leaves that turn out.
+TEST_F(QwenPair, EdgeChatTemplateMatchesLlamaCppJinja) {
   if (!use(kEdge)) GTEST_SKIP() << absent();
   chat_template("jinja_text", "jinja_ids");
 }
-TEST_F(QwenPair, DISABLED_CloudChatTemplateMatchesLlamaCppJinja) {
+TEST_F(QwenPair, CloudChatTemplateMatchesLlamaCppJinja) {
   if (!use(kCloud)) GTEST_SKIP() << absent();
   chat_template("jinja_text", "jinja_ids");
 }

@@ -356,6 +356,28 @@ TEST(ChatTemplate, Formats) {
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+// A ChatML template's own default system turn, as its Jinja text writes it (Qwen2.5's two
+// literals: one alone, one that goes on with the conversation's system message).
+TEST(ChatTemplate, DefaultSystemFromTheJinjaText) {
+  const std::string qwen =
+      "{%- if messages[0]['role'] == 'system' %}\n"
+      "    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+      "{%- else %}\n"
+      "    {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+      "assistant.<|im_end|>\\n' }}\n"
+      "{%- endif %}";
+  EXPECT_EQ(chatml_default_system(qwen),
+            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  EXPECT_EQ(chatml_default_system("{{'<|im_start|>' + message['role']}}"), "");
+  EXPECT_EQ(chatml_default_system("'<|im_start|>system\\n' + x + '<|im_end|>'"), "");
+  EXPECT_EQ(chatml_default_system("'<|im_start|>system\\nno end"), "");
+  // The qwen3 test vocab's template writes no system turn of its own: nothing is added.
+  std::unique_ptr<GgufFile> f;
+  load_vocab("qwen3", &f);
+  EXPECT_EQ(chatml_default_system(*f->get_string_opt("tokenizer.chat_template")), "");
+  EXPECT_EQ(apply_chat_template(*f, {{"user", "x"}}, false), "<|im_start|>user\nx<|im_end|>\n");
+}
+
 TEST(ChatTemplate, Detection) {
   EXPECT_EQ(detect_chat_template("{{ '<start_of_turn>' + role }}"), ChatTemplateKind::Gemma);
   EXPECT_EQ(detect_chat_template("{{'<|im_start|>' + message['role']}}"), ChatTemplateKind::ChatML);
