@@ -6,12 +6,14 @@
 # (`--mode route`) at a 7% target cloud share, the paper's operating point. The routed answer
 # streams with the cloud's tokens in another colour, then one line of stats. Then the server stops.
 #
-# The default question (scripts/demo_question.txt) is CommonsenseQA train item 4022, line 4023 of
-# ../shared/data/commonsenseqa/train_rand_split.jsonl (id 69267758203a92419e57a294a95a389f, gold
-# C), chosen there — the first of items 4000-4059 where the 0.5B alone answers wrong and the
-# routed answer is right at a realised share <= 7% — never on the dev split the figures report.
-# The 0.5B alone answers "B. house"; routed, one cloud token (the letter) of 20 makes it "(C)"
-# (tests/cli/demo_test.sh checks both).
+# The default question (scripts/demo_question.txt) is CommonsenseQA train item 4034, line 4035 of
+# ../shared/data/commonsenseqa/train_rand_split.jsonl (id 48d0e655c6eb34933ef49dc752fda5d2, gold
+# A), with the instruction 'Start with "The answer is (X)", then explain why in two sentences.'
+# It was chosen there (scripts/demo_search.py), never on the dev split the figures report: among
+# items 4000-4099 asked this way with 64 tokens, those where the 0.5B alone is wrong and the
+# routed answer right; of those, the first whose realised share is <= 7% with 128 tokens. The 0.5B alone answers "(D)
+# work shop" and repeats itself; routed at a 7% target, 5 cloud tokens of 74 (6.8%) make it
+# "(A) California" (tests/cli/demo_test.sh checks both).
 #
 #   scripts/demo.sh [--pair gemma] ["prompt" [N_TOKENS [extra tandem-run flags...]]]
 #
@@ -33,7 +35,7 @@ fi
 case "$PAIR_NAME" in
   qwen)
     DEFAULT_PROMPT=$(cat "$ROOT/scripts/demo_question.txt")
-    DEFAULT_N=64
+    DEFAULT_N=128
     CHAT=(--chat)
     ;;
   gemma)

@@ -16,7 +16,7 @@ done
 OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
 # The demo's own fetch only verifies the cached files; --json makes the routed answer parseable.
-if ! TANDEM_DEMO_PREBUILT=1 TANDEM_BUILD=$BUILD bash "$ROOT/scripts/demo.sh" "$(cat "$ROOT/scripts/demo_question.txt")" 64 --json >"$OUT"; then
+if ! TANDEM_DEMO_PREBUILT=1 TANDEM_BUILD=$BUILD bash "$ROOT/scripts/demo.sh" "$(cat "$ROOT/scripts/demo_question.txt")" 128 --json >"$OUT"; then
   echo "FAIL: scripts/demo.sh exited non-zero"
   exit 1
 fi
@@ -30,8 +30,8 @@ def answer(text):
     return m.group(1) if m else None
 print("local:", repr(local_text))
 print("routed:", repr(routed["text"]), "share", routed["stats"]["cloud_share"])
-assert answer(local_text) not in (None, "C"), "the 0.5B alone should answer wrong: " + local_text
-assert answer(routed["text"]) == "C", "the routed answer should be C: " + routed["text"]
+assert answer(local_text) not in (None, "A"), "the 0.5B alone should answer wrong: " + local_text
+assert answer(routed["text"]) == "A", "the routed answer should be A: " + routed["text"]
 assert routed["stats"]["cloud_tokens"] >= 1, routed["stats"]
 assert routed["stats"]["cloud_share"] <= 0.07, routed["stats"]
 print("demo: ok")
