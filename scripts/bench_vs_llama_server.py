@@ -3,16 +3,17 @@
 OpenAI-compatible load (docs/benchmarks.md quotes its output).
 
   scripts/bench_vs_llama_server.py --llama-server PATH [--model M] [--streams 1,32] [--seconds 20]
-                                   [--reps 3] [--server-core 1] [--client-core 0] [--json]
+                                   [--reps 3] [--server-core 1] [--client-core 0]
+                                   [--tandem-arg=ARG ...] [--json]
 
 Each of N streams sends POST /v1/completions with its own 32-token prompt (token ids, which both
 servers take), "max_tokens": 16, greedy, "stream": true, and starts the next request as soon as
 one ends, for --seconds. Throughput is the generated tokens that arrived (one SSE chunk each)
 inside the window, over all streams, per second: tokens of requests still running when the time
 is up count for what they delivered. Rounds alternate between the servers (tandem, llama,
-tandem, llama, ...); each server runs pinned to --server-core with one thread; llama-server gets
---parallel N slots of 128 tokens each (continuous batching is its default), tandem serve its
-defaults. Prints the median of --reps rounds with min..max, and the ratio of the medians.
+tandem, llama, ...); each server runs pinned to --server-core with one thread and N stateless
+slots (llama-server --parallel N with 128 tokens each, continuous batching being its default;
+tandem serve --parallel max(N, 8), its default 8), everything else at each server's defaults. Prints the median of --reps rounds with min..max, and the ratio of the medians.
 """
 import argparse
 import http.client
@@ -55,7 +56,8 @@ def start(kind, args, streams):
     pin = ["taskset", "-c", args.server_core]
     if kind == "tandem":
         cmd = pin + [args.tandem, "serve", "-m", args.model, "--host", "127.0.0.1",
-                     "--port", str(port), "-t", "1"]
+                     "--port", str(port), "-t", "1", "--parallel", str(max(streams, 8))]
+        cmd += args.tandem_arg
     else:
         cmd = pin + [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port",
                      str(port), "-t", "1", "-tb", "1", "--parallel", str(streams), "-c",
@@ -122,6 +124,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--server-core", default="1")
     ap.add_argument("--client-core", default="0")
+    ap.add_argument("--tandem-arg", action="append", default=[],
+                    help="one more argument for tandem serve (repeat it), e.g. --prefill-chunk 256")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.sched_setaffinity(0, {int(args.client_core)})

