@@ -115,19 +115,9 @@ class GgufBuilder {
 // A tiny SPM vocab: <unk> <s> </s>, byte tokens for a few bytes, and some pieces.
 GgufBuilder tiny_spm() {
   GgufBuilder b;
-  std::vector<std::string> toks = {"<unk>",
-                                   "<s>",
-                                   "</s>",
-                                   "<0x0A>",
-                                   "<0xE2>",
-                                   "<0x96>",
-                                   "<0x81>",
-                                   "\xE2\x96\x81",
-                                   "a",
-                                   "b",
-                                   "ab",
-                                   "\xE2\x96\x81"
-                                   "ab"};
+  std::vector<std::string> toks = {
+      "<unk>",  "<s>",          "</s>", "<0x0A>", "<0xE2>", "<0x96>",
+      "<0x81>", "\xE2\x96\x81", "a",    "b",      "ab",     std::string("\xE2\x96\x81") + "ab"};
   std::vector<float> scores(toks.size(), 0.0f);
   scores[10] = -1.0f;
   scores[11] = -0.5f;
