@@ -34,13 +34,29 @@ std::string cache_dir() {
   return ".cache/tandem";
 }
 
-const PairFiles& find_pair(std::string_view name) {
+const PairFiles* lookup_pair(std::string_view name) {
   for (const auto& p : kPairs) {
-    if (name == p.name) return p;
+    if (name == p.name) return &p;
   }
-  std::string known;
-  for (const auto& p : kPairs) known += std::string(known.empty() ? "" : ", ") + p.name;
-  throw Error("unknown model pair '" + std::string(name) + "': expected one of " + known);
+  return nullptr;
+}
+
+// "qwen, gemma", leaving out `except`.
+std::string pair_list(std::string_view except = "") {
+  std::string list;
+  for (const auto& p : kPairs) {
+    if (p.name != except) list += std::string(list.empty() ? "" : ", ") + p.name;
+  }
+  return list;
+}
+
+std::string unknown_pair(std::string_view name) {
+  return "unknown model pair '" + std::string(name) + "': expected one of " + pair_list();
+}
+
+const PairFiles& find_pair(std::string_view name) {
+  if (const PairFiles* p = lookup_pair(name)) return *p;
+  throw Error(unknown_pair(name));
 }
 
 }  // namespace
@@ -69,12 +85,14 @@ std::string default_model_path(ModelRole role) {
 std::string describe_default_model(ModelRole role) {
   if (auto env = env_or_empty("TANDEM_MODEL"); !env.empty()) return env + " ($TANDEM_MODEL)";
   const std::string pair = default_pair_name();
-  const PairFiles& p = find_pair(pair);
+  // --help is built before any command runs: an unknown $TANDEM_PAIR is said here, and refused
+  // (as an error) only by a command that needs the default model.
+  const PairFiles* p = lookup_pair(pair);
+  if (!p) return "none: $TANDEM_PAIR: " + unknown_pair(pair);
   const bool edge = role == ModelRole::Edge;
-  return std::string(edge ? p.edge_desc : p.cloud_desc) + ", the " + (edge ? "device" : "cloud") +
-         " model of the default pair (" + pair + "; --pair " +
-         (pair == kPairs[0].name ? kPairs[1].name : kPairs[0].name) +
-         " for the other): " + pair_model_path(pair, role);
+  return std::string(edge ? p->edge_desc : p->cloud_desc) + ", the " + (edge ? "device" : "cloud") +
+         " model of the default pair (" + pair + "; --pair " + pair_list(pair) +
+         " for another): " + pair_model_path(pair, role);
 }
 
 std::string test_model_path() {

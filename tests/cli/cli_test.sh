@@ -125,6 +125,13 @@ out=$(TANDEM_CACHE=$TMP "$TANDEM" tokenize --pair gemma -p hi --json 2>&1)
 check "--pair gemma reads the gemma pair's device file" grep -qF "$TMP/models/gemma-3-270m-q2_k.gguf" <<<"$out"
 out=$(TANDEM_CACHE=$TMP "$TANDEM" serve --pair qwen --port 0 2>&1)
 check "serve --pair reads the cloud file" grep -qF "$TMP/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" <<<"$out"
+# An unknown $TANDEM_PAIR is refused by a command that needs the default model, and only there.
+out=$(TANDEM_PAIR=bogus "$TANDEM" tokenize -m "$TD/tokenizers/ggml-vocab-qwen3.gguf" -p hi --json 2>&1)
+check "unknown \$TANDEM_PAIR does not stop -m" grep -q '"ids":\[6023\]' <<<"$out"
+out=$(TANDEM_PAIR=bogus "$TANDEM" tokenize -p hi --json 2>&1)
+rc=$?
+check "unknown \$TANDEM_PAIR without -m exits 1" [ $rc -eq 1 ]
+check "unknown \$TANDEM_PAIR is named" grep -q "^error: unknown model pair 'bogus'" <<<"$out"
 "$TANDEM" tokenize --pair gemma -m x -p hi >/dev/null 2>&1
 check "-m with --pair is a usage error" [ $? -eq 2 ]
 for cmd in generate tokenize logits bench perplexity serve run ui eval; do
