@@ -477,7 +477,8 @@ class EvalCommand : public Command {
   std::map<std::string, ItemRecord> run_one(const RunSpec& spec, const Task& task,
                                             const Model& model, json& results) {
     const fs::path log = fs::path(out_) / ("items-" + spec.name + ".jsonl");
-    auto done = read_log(log, prompt_form(task));
+    const json form = prompt_form(task);  // what every line of the log says of its prompt
+    auto done = read_log(log, form);
     size_t todo = 0;
     for (const auto& it : task.items) todo += done.count(it.id) == 0;
     if (todo == 0) {
@@ -496,7 +497,7 @@ class EvalCommand : public Command {
       const std::string output = cut_answer(task, g.res.text);
       const auto answer = extract_answer(task, item, output);
       const ItemRecord r = item_record(task, item, g, output, answer);
-      out << log_line(spec, item, r, output, answer, g.error, prompt_form(task))
+      out << log_line(spec, item, r, output, answer, g.error, form)
                  .dump(-1, ' ', false, json::error_handler_t::replace)
           << "\n";
       out.flush();
