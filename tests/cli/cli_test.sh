@@ -128,7 +128,7 @@ check "serve --pair reads the cloud file" grep -qF "$TMP/models/qwen2.5-coder-1.
 # An unknown $TANDEM_PAIR is refused by a command that needs the default model, and only there.
 out=$(TANDEM_PAIR=bogus "$TANDEM" tokenize -m "$TD/tokenizers/ggml-vocab-qwen3.gguf" -p hi --json 2>&1)
 check "unknown \$TANDEM_PAIR does not stop -m" grep -q '"ids":\[6023\]' <<<"$out"
-out=$(TANDEM_PAIR=bogus "$TANDEM" tokenize -p hi --json 2>&1)
+out=$(env -u TANDEM_MODEL TANDEM_PAIR=bogus "$TANDEM" tokenize -p hi --json 2>&1)
 rc=$?
 check "unknown \$TANDEM_PAIR without -m exits 1" [ $rc -eq 1 ]
 check "unknown \$TANDEM_PAIR is named" grep -q "^error: unknown model pair 'bogus'" <<<"$out"
