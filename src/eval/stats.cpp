@@ -83,16 +83,11 @@ GapRecovered gap_recovered(const std::vector<bool>& run, const std::vector<bool>
   return g;
 }
 
-int64_t oracle_fixes(std::vector<int64_t> fix_costs, double budget_tokens) {
-  std::sort(fix_costs.begin(), fix_costs.end());
-  int64_t fixed = 0;
-  double spent = 0;
-  for (int64_t c : fix_costs) {
-    if (spent + static_cast<double>(c) > budget_tokens + 1e-9) break;
-    spent += static_cast<double>(c);
-    ++fixed;
-  }
-  return fixed;
+int64_t oracle_fixes(int64_t fixable, double budget_tokens) {
+  if (budget_tokens <= 0) return 0;
+  // One token an answer; a fractional budget buys only whole tokens.
+  const auto whole = static_cast<int64_t>(std::floor(budget_tokens + 1e-9));
+  return std::min(fixable, whole);
 }
 
 }  // namespace tandem::eval

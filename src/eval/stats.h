@@ -35,9 +35,9 @@ struct GapRecovered {
 GapRecovered gap_recovered(const std::vector<bool>& run, const std::vector<bool>& local,
                            const std::vector<bool>& cloud, int resamples = 2000, uint64_t seed = 1);
 
-// The oracle router at a budget of cloud tokens: it knows which answers the cloud turns from
-// wrong to right and what each costs (`fix_costs`: the cloud tokens of each such answer), and
-// routes exactly those, cheapest first, while the budget lasts. Returns how many it fixes.
-int64_t oracle_fixes(std::vector<int64_t> fix_costs, double budget_tokens);
+// The oracle router at a budget of cloud tokens: it knows which answers some cloud token turns
+// from wrong to right (`fixable` of them) and routes one token in each, the fewest any route
+// pays for a fix, while the budget lasts. Returns how many it fixes.
+int64_t oracle_fixes(int64_t fixable, double budget_tokens);
 
 }  // namespace tandem::eval

@@ -4,11 +4,14 @@
 
 #include <cctype>
 #include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
 
 #include "common/error.h"
 #include "common/testdata.h"
 #include "eval/stats.h"
 #include "tandem/eval_loglik.h"
+#include "tandem/eval_report.h"
 #include "tandem/eval_tasks.h"
 
 namespace tandem::eval {
@@ -110,12 +113,78 @@ TEST(EvalWord, ExactMatchAgainstThePassagesOwnWord) {
   EXPECT_NE(extract_answer(t, it, cut_answer(t.kind, " Sally")), it.gold) << "a whole word";
 }
 
-TEST(EvalStats, OracleRoutesTheCheapestFixesFirst) {
-  EXPECT_EQ(oracle_fixes({2, 1, 1, 3}, 0), 0);
-  EXPECT_EQ(oracle_fixes({2, 1, 1, 3}, 1.5), 1);
-  EXPECT_EQ(oracle_fixes({2, 1, 1, 3}, 2), 2);
-  EXPECT_EQ(oracle_fixes({2, 1, 1, 3}, 4), 3);
-  EXPECT_EQ(oracle_fixes({2, 1, 1, 3}, 100), 4);
+TEST(EvalStats, OracleFixesOneAnswerPerWholeCloudToken) {
+  EXPECT_EQ(oracle_fixes(4, 0), 0);
+  EXPECT_EQ(oracle_fixes(4, 1.5), 1);
+  EXPECT_EQ(oracle_fixes(4, 3), 3);
+  EXPECT_EQ(oracle_fixes(4, 100), 4);
+  EXPECT_EQ(oracle_fixes(0, 100), 0);
+}
+
+// Random runs over 60 items: whatever a route fixes, breaks and spends (at least one cloud token
+// in every answer it turns right), its row never stands above the oracle at its own tokens.
+TEST(EvalReport, NoRouteRowExceedsItsOracle) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    ReportTask task{"csqa", {}, 5, false};
+    RunRecords by_run;
+    std::vector<ReportRun> runs = {{"local", "local", {}}, {"cloud", "cloud", {}}};
+    for (const char* name : {"route-a", "route-b", "route-c"})
+      runs.push_back({name, "route", 0.07});
+    for (int i = 0; i < 60; ++i) {
+      const std::string id = std::to_string(i);
+      task.item_ids.push_back(id);
+      const bool local_right = rng() % 4 == 0;
+      for (const ReportRun& run : runs) {
+        ItemRecord rec;
+        rec.id = id;
+        rec.tokens = rec.generated = 1 + static_cast<int>(rng() % 48);
+        rec.correct = run.name == "local" ? local_right : rng() % 2 == 0;
+        // A route that leaves an answer alone spends nothing in it; one that fixes it spends
+        // at least one token there.
+        const bool fixed = run.mode == "route" && rec.correct && !local_right;
+        if (run.mode == "route") rec.cloud_tokens = rec.generated_cloud = fixed + rng() % 2;
+        if (run.mode == "route" && !fixed && !rec.cloud_tokens) rec.correct = local_right;
+        by_run[run.name][id] = rec;
+      }
+    }
+    nlohmann::json results;
+    summarize_runs(runs, task, by_run, results);
+    for (const auto& row : results["runs"]) {
+      if (row["mode"] != "route") continue;
+      ASSERT_LE(row["accuracy"].get<double>(), row["oracle_accuracy"].get<double>() + 1e-12)
+          << "trial " << trial << ": " << row.dump();
+    }
+  }
+}
+
+// The case that the cheapest-whole-answer oracle got wrong: the route spends one token on each
+// of 10 long answers it fixes; charging the cloud's whole answer (40 tokens) put the oracle at a
+// quarter of an answer and the row at 40 times its oracle's gain.
+TEST(EvalReport, OracleChargesOneTokenPerFixedAnswer) {
+  ReportTask task{"csqa", {}, 5, false};
+  RunRecords by_run;
+  const std::vector<ReportRun> runs = {
+      {"local", "local", {}}, {"cloud", "cloud", {}}, {"route", "route", 0.07}};
+  for (int i = 0; i < 40; ++i) {
+    const std::string id = std::to_string(i);
+    task.item_ids.push_back(id);
+    for (const ReportRun& run : runs) {
+      ItemRecord rec;
+      rec.id = id;
+      rec.tokens = rec.generated = 40;
+      rec.correct = run.name == "cloud" || (run.name == "route" && i < 10);
+      if (run.name == "route" && i < 10) rec.cloud_tokens = rec.generated_cloud = 1;
+      by_run[run.name][id] = rec;
+    }
+  }
+  nlohmann::json results;
+  summarize_runs(runs, task, by_run, results);
+  const auto& route = results["runs"][2];
+  EXPECT_DOUBLE_EQ(route["accuracy"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(route["oracle_accuracy"].get<double>(), 0.25) << "10 tokens fix 10 answers";
+  EXPECT_DOUBLE_EQ(route["share_of_oracle"].get<double>(), 1.0);
+  EXPECT_EQ(results["oracle"]["fixable_answers"], 40);
 }
 
 TEST(EvalStats, GapRecoveredWithABootstrapInterval) {

@@ -166,6 +166,8 @@ TEST(EvalEndToEnd, LambadaCountsAnswerTokensAndPutsTheOracleBesideEachRow) {
     SCOPED_TRACE(row.dump());
     ASSERT_TRUE(row.contains("oracle_accuracy"));
     EXPECT_GE(row["oracle_accuracy"].get<double>(), results["gap"]["local"].get<double>());
+    EXPECT_LE(row["accuracy"].get<double>(), row["oracle_accuracy"].get<double>() + 1e-12)
+        << "no route row exceeds its oracle";
     EXPECT_LE(row["cloud_share"].get<double>(), row["cloud_share_of_generated"].get<double>() + 1)
         << "shares are fractions";
   }
