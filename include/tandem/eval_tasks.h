@@ -104,6 +104,9 @@ ChatAnswer parse_chat_answer(const std::string& name);
 // the choice form); a GSM8K shot's worked solution with its <<calculator>> notes removed and
 // "#### N" written "The answer is N.".
 std::vector<ChatMessage> chat_messages(const Task& task, const Item& item);
+// An item's reference answer in its task's chat form, as a shot's answer turn reads (above):
+// what `router collect --chat` teacher-forces after the item's chat prompt.
+std::string chat_reference_answer(const Task& task, const Item& item);
 
 // Where the output stops being the answer: the first newline for multiple choice, the start of
 // a next "Question:" for GSM8K, the end of the first word for LAMBADA. Returns the output cut

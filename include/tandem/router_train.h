@@ -29,6 +29,7 @@ struct TrainOptions {
 struct RouterTraining {
   std::vector<std::string> traces;  // from `router collect`; their headers must agree
   std::string out;                  // the router GGUF file to write
+  std::string cloud_name;           // the cloud of the pair, recorded in the file when given
   std::string label = "kl";         // disagree | critical[:TAU] | gain | gain:Q | kl | kl:log
   int min_position = 0;             // train and validate on positions from this one on
   // Also train, on the same split, the cloud-aware reference MLP for the `gain` label (printed,

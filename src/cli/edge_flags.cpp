@@ -202,6 +202,30 @@ void add_data_flag(CLI::App& sub, std::string& dir) {
   sub.add_option("--data", dir, "The benchmark data folder")->capture_default_str();
 }
 
+void ChatFormFlags::add_to(CLI::App& sub) {
+  sub.add_flag("--chat", chat,
+               "Ask each item as a chat (instruct models): the model's own chat template, the "
+               "shots as earlier turns, answers as \"The answer is (X)\" (docs/eval.md)");
+  sub.add_option("--system", system, "With --chat: a system message before the turns");
+  sub.add_option("--chat-answer", answer,
+                 "With --chat, multiple choice: reason (one short sentence, then \"The answer is "
+                 "(X)\"), letter (the letter alone) or choice (\"The answer is (X)\" and the "
+                 "choice's text)")
+      ->check(CLI::IsMember({"reason", "letter", "choice"}))
+      ->capture_default_str();
+}
+
+void ChatFormFlags::check(const CLI::App& sub, const std::string& task) const {
+  if (!chat && (sub.count("--system") > 0 || sub.count("--chat-answer") > 0))
+    throw Error("--system and --chat-answer go with --chat");
+  if (chat && (task == "wikitext" || task == "wikitext-valid"))
+    throw Error("--chat asks a task's items as chat turns; --task " + task + " scores text");
+}
+
+void ChatFormFlags::apply(eval::Task& task) const {
+  if (chat) eval::use_chat_form(task, {system, eval::parse_chat_answer(answer)});
+}
+
 void add_cloud_model_flag(CLI::App& sub, std::string& file) {
   sub.add_option("--cloud-model", file,
                  "The cloud model as a local GGUF file instead of --cloud (teacher-forced rows: "

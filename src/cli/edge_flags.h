@@ -9,6 +9,8 @@
 //   add_data_flag  --data, the benchmark data folder (eval, router collect)
 //   add_cloud_model_flag  --cloud-model, the cloud as a local file (eval's wikitext, router
 //   collect)
+//   ChatFormFlags  --chat --system --chat-answer: a task's items as chat turns (eval, router
+//   collect)
 //
 // `tandem eval` takes the cloud group whole and the edge group without the flags it spells its
 // own way (--modes, a list of --policy heuristics, several --router files, --rates) or has no use
@@ -24,6 +26,7 @@
 
 #include "cli/model_flag.h"
 #include "tandem/client.h"
+#include "tandem/eval_tasks.h"
 
 namespace tandem::cli {
 
@@ -99,5 +102,19 @@ void add_data_flag(CLI::App& sub, std::string& dir);
 // --cloud-model FILE: the cloud model read here instead of asked over --cloud, for the
 // teacher-forced rows of `eval --task wikitext` and `router collect`.
 void add_cloud_model_flag(CLI::App& sub, std::string& file);
+
+// A task's prompt form: plain completions, or with --chat the items as chat turns in the
+// model's own template, answered in --chat-answer's form (tandem/eval_tasks.h).
+struct ChatFormFlags {
+  bool chat = false;
+  std::string system, answer = "reason";
+
+  void add_to(CLI::App& sub);
+  // Throws tandem::Error for --system or --chat-answer without --chat, and for --chat with a
+  // task that scores text (wikitext, wikitext-valid).
+  void check(const CLI::App& sub, const std::string& task) const;
+  // use_chat_form with these settings when --chat was given.
+  void apply(eval::Task& task) const;
+};
 
 }  // namespace tandem::cli

@@ -51,6 +51,7 @@ class RouterCollect {
     sub_->add_option("--shots", shots_, "With --task: few-shot examples in the prompt")
         ->check(CLI::Range(0, 32))
         ->capture_default_str();
+    chat_.add_to(*sub_);
     sub_->add_option("--chunks", chunks_, "WikiText-2 chunks (or task items) to trace")
         ->check(CLI::Range(1, 100000))
         ->capture_default_str();
@@ -93,6 +94,7 @@ class RouterCollect {
 
   int run() {
     model_ = edge_.model_flag.resolve(ModelRole::Edge);
+    chat_.check(*sub_, task_);
     if (cloud_model_.empty() == cloud_url_.empty())
       throw Error("router collect: give the cloud as --cloud-model FILE or --cloud URL (one)");
     auto edge = Model::load(model_);
@@ -138,7 +140,7 @@ class RouterCollect {
     }
     if (numeric) {
       c.judge_answer = [&](const TraceSource& src) {
-        return answer_judge(numeric->items[src.id], src.answer_from, c.outcome_tokens);
+        return answer_judge(*numeric, numeric->items[src.id], src.answer_from, c.outcome_tokens);
       };
     }
     collect_traces(*edge, sources, c);
@@ -168,12 +170,13 @@ class RouterCollect {
   }
 
   // A task's items teacher-forced on their reference answers (few-shot prompt + " " + gold label
-  // + newline; positions recorded from the row that predicts the answer on). `numeric` receives
-  // the task when it is GSM8K.
+  // + newline; with --chat the item's chat prompt + its answer in the chat form, "The answer is
+  // (B)."; positions recorded from the row that predicts the answer on). `numeric` receives the
+  // task when it is GSM8K.
   std::vector<TraceSource> task_sources(const Model& edge, std::optional<eval::Task>& numeric) {
-    const eval::Task task = eval::load_task(task_, data_, task_ == "lambada" ? 0 : shots_);
-    const bool is_numeric = task.kind == eval::TaskKind::Numeric;
-    if (is_numeric) numeric = task;
+    eval::Task task = eval::load_task(task_, data_, task_ == "lambada" ? 0 : shots_);
+    chat_.apply(task);
+    if (task.kind == eval::TaskKind::Numeric) numeric = task;
     const int n_items = std::min<int>(chunks_, static_cast<int>(task.items.size()) - chunk_offset_);
     if (task.kind == eval::TaskKind::Word &&
         chunk_offset_ + n_items > eval::kLambadaFirstReported) {
@@ -190,14 +193,10 @@ class RouterCollect {
     std::vector<TraceSource> sources;
     for (int k = 0; k < n_items; ++k) {
       const eval::Item& item = task.items[chunk_offset_ + k];
-      const std::string prompt = eval::item_prompt(task, item);
-      const int n_prompt = static_cast<int>(edge.tokenize(prompt, true, false).size());
-      // Multiple choice: " B\n"; GSM8K: the worked solution as the shots show theirs;
-      // LAMBADA: " word", the word's own tokens only.
-      const std::string answer = is_numeric                          ? " " + item.reference + "\n\n"
-                                 : task.kind == eval::TaskKind::Word ? " " + item.gold
-                                                                     : " " + item.gold + "\n";
-      std::vector<TokenId> ids = edge.tokenize(prompt + answer, true, false);
+      const auto [prompt, answer] = prompt_and_answer(task, item, edge);
+      const bool special = task.chat.has_value();  // a chat prompt's markers are special tokens
+      const int n_prompt = static_cast<int>(edge.tokenize(prompt, true, special).size());
+      std::vector<TokenId> ids = edge.tokenize(prompt + answer, true, special);
       if (static_cast<int>(ids.size()) <= n_prompt)
         throw Error(item.id + ": the answer added no tokens to the prompt");
       sources.push_back(
@@ -206,17 +205,32 @@ class RouterCollect {
     return sources;
   }
 
-  // GSM8K's outcome: whether a continuation's final answer is the item's.
-  static OutcomeProbe::AnswerJudge answer_judge(const eval::Item& item, int answer_from,
-                                                int max_tokens) {
+  // An item's prompt as `tandem eval` asks it and the reference answer after it. Plain multiple
+  // choice: " B\n"; GSM8K: the worked solution as the shots show theirs; LAMBADA: " word", the
+  // word's own tokens only. Chat: the answer turn's text (eval::chat_reference_answer).
+  static std::pair<std::string, std::string> prompt_and_answer(const eval::Task& task,
+                                                               const eval::Item& item,
+                                                               const Model& edge) {
+    if (task.chat) {
+      return {edge.chat_prompt(eval::chat_messages(task, item), true),
+              eval::chat_reference_answer(task, item)};
+    }
+    const std::string prompt = eval::item_prompt(task, item);
+    if (task.kind == eval::TaskKind::Numeric) return {prompt, " " + item.reference + "\n\n"};
+    if (task.kind == eval::TaskKind::Word) return {prompt, " " + item.gold};
+    return {prompt, " " + item.gold + "\n"};
+  }
+
+  // GSM8K's outcome: whether a continuation's final answer is the item's, read as the eval
+  // reads the task's form.
+  static OutcomeProbe::AnswerJudge answer_judge(const eval::Task& task, const eval::Item& item,
+                                                int answer_from, int max_tokens) {
     OutcomeProbe::AnswerJudge judge;
     judge.answer_from = answer_from;
     judge.max_tokens = max_tokens;
-    judge.complete = [](const std::string& a) {
-      return eval::answer_complete(eval::TaskKind::Numeric, a);
-    };
-    judge.correct = [&item](const std::string& a) {
-      const auto got = eval::extract_number(eval::cut_answer(eval::TaskKind::Numeric, a));
+    judge.complete = [&task](const std::string& a) { return eval::answer_complete(task, a); };
+    judge.correct = [&task, &item](const std::string& a) {
+      const auto got = eval::extract_answer(task, item, eval::cut_answer(task, a));
       return got && *got == item.gold;
     };
     return judge;
@@ -233,6 +247,7 @@ class RouterCollect {
   double& timeout_s_ = cloud_.options.timeout_s;
   int& threads_ = edge_.options.context.n_threads;
   std::string cloud_model_, out_, data_, task_ = "wikitext";
+  ChatFormFlags chat_;
   int shots_ = 5, chunks_ = 24, chunk_offset_ = 0, chunk_tokens_ = 512, first_position_ = 0,
       top_k_ = 8, cloud_top_n_ = 20;
   double outcome_share_ = 0;
@@ -249,6 +264,9 @@ class RouterTrain {
         "ROC-AUC, PR-AUC and the cloud-share curves; write the router as GGUF");
     sub_->add_option("--traces", t_.traces, "Trace file(s) from `router collect`")->required();
     sub_->add_option("--out", t_.out, "Router GGUF file to write")->required();
+    sub_->add_option("--cloud-name", t_.cloud_name,
+                     "The cloud model the traces were collected against (e.g. its general.name), "
+                     "recorded in the router file beside the edge model's fingerprint");
     sub_->add_option("--label", t_.label, "disagree | critical[:TAU] | gain | gain:Q | kl | kl:log")
         ->capture_default_str();
     sub_->add_option("--hidden", t_.train.hidden, "Hidden layer widths, e.g. 64 or 64,32")

@@ -462,6 +462,11 @@ ChatAnswer parse_chat_answer(const std::string& name) {
   throw Error("chat answer form '" + name + "' is not reason, letter or choice");
 }
 
+std::string chat_reference_answer(const Task& task, const Item& item) {
+  if (!task.chat) throw Error("chat_reference_answer: task " + task.name + " has no chat form");
+  return chat_shot_answer(task, item);
+}
+
 std::vector<ChatMessage> chat_messages(const Task& task, const Item& item) {
   if (!task.chat) throw Error("chat_messages: task " + task.name + " has no chat form");
   std::vector<ChatMessage> msgs;

@@ -40,6 +40,7 @@ void save_router(const std::string& path, const MlpRouterModel& m, const RouterF
   w.set_string("tandem_router.edge.vocab_hash", info.vocab_hash);
   w.set_u32("tandem_router.edge.n_vocab", info.n_vocab);
   w.set_string("tandem_router.edge.name", info.edge_name);
+  if (!info.cloud_name.empty()) w.set_string("tandem_router.cloud.name", info.cloud_name);
   w.set_string("tandem_router.label", info.label);
   w.set_string("tandem_router.training", info.training_json);
   w.set_array("tandem_router.calibration.threshold", m.calib_threshold);
@@ -113,6 +114,7 @@ uint64_t read_metadata(const GgufFile& f, MlpRouterModel& m, RouterFileInfo& inf
   info.vocab_hash = std::string(f.get_string("tandem_router.edge.vocab_hash"));
   info.n_vocab = static_cast<uint32_t>(f.get_u64("tandem_router.edge.n_vocab"));
   info.edge_name = std::string(f.get_string_opt("tandem_router.edge.name").value_or(""));
+  info.cloud_name = std::string(f.get_string_opt("tandem_router.cloud.name").value_or(""));
   info.label = std::string(f.get_string_opt("tandem_router.label").value_or(""));
   info.training_json = std::string(f.get_string_opt("tandem_router.training").value_or(""));
   return n_layers;

@@ -7,6 +7,7 @@
 //   tandem_router.n_embd, .top_k, .n_layers          u32
 //   tandem_router.edge.vocab_hash   16 hex digits (Tokenizer::fingerprint), .edge.n_vocab u32,
 //   tandem_router.edge.name         the edge model's general.name
+//   tandem_router.cloud.name        the cloud model the traces were collected against (optional)
 //   tandem_router.label, .training  string (label spec; JSON summary of data and metrics)
 //   tandem_router.calibration.threshold / .share   f32 arrays (ascending / descending)
 //   tandem_router.weights_hash  u64, FNV-1a over every tensor's bytes in file order
@@ -27,6 +28,7 @@ struct RouterFileInfo {
   std::string vocab_hash;  // 16 lowercase hex digits
   uint32_t n_vocab = 0;
   std::string edge_name;
+  std::string cloud_name;  // "" when not recorded
   std::string label;
   std::string training_json;  // a summary of the training data, labels and metrics
 };

@@ -128,6 +128,7 @@ json train_router_file(const RouterTraining& t) {
   info.vocab_hash = fingerprint_hex(trace.header.vocab_fingerprint);
   info.n_vocab = trace.header.n_vocab;
   info.edge_name = trace.header.model_name;
+  info.cloud_name = t.cloud_name;
   info.label = label.describe();
   info.training_json = summary.dump();
   save_router(t.out, r.model, info);
