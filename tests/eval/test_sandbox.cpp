@@ -110,6 +110,18 @@ TEST_P(SandboxModes, ACorrectProgramPassesInAFolderThatIsThenGone) {
   EXPECT_EQ(fds, "['0', '1', '2', '3']");
 }
 
+TEST_P(SandboxModes, TheProgramHoldsNoCapabilityAndIsNotRoot) {
+  // Without a capability it cannot remount the root writable or leave its namespaces' bounds.
+  const SandboxResult r = run_python(
+      "import os\n"
+      "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapPrm', "
+      "'CapEff'))]\n"
+      "assert caps == ['0000000000000000'] * 2, caps\n"
+      "assert os.getuid() != 0 and os.geteuid() != 0, os.getuid()\n",
+      quick(GetParam()));
+  EXPECT_EQ(r.verdict, "passed") << r.stderr_tail;
+}
+
 TEST_P(SandboxModes, AFailingTestFails) {
   const SandboxResult r = run_python("assert 1 + 1 == 3, 'wrong sum'\n", quick(GetParam()));
   EXPECT_EQ(r.verdict, "failed");
