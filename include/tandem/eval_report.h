@@ -46,7 +46,8 @@ struct ReportTask {
   std::string name;
   std::vector<std::string> item_ids;
   int shots = 0;
-  bool word_rule = false;  // LAMBADA: cloud share counts the answer word's tokens only
+  bool word_rule = false;        // LAMBADA: cloud share counts the answer word's tokens only
+  bool completion_rule = false;  // HumanEval: the completion's tokens, up to its stop sequence
 };
 
 // results["runs"] (a row per run), and with both a local and a cloud run results["gap"] and

@@ -11,6 +11,10 @@
 // LAMBADA is zero-shot: the prompt is the passage up to its last word, and the answer is the
 // first word the model writes (the word rule below), compared exactly with the passage's own.
 //
+// HumanEval is zero-shot code completion: the prompt is the problem's function signature and
+// docstring, the completion is cut at the first stop sequence (code_stops) and the item is
+// correct when the program code_program builds exits 0 in the sandbox (tandem/sandbox.h).
+//
 // Chat prompts (`tandem eval --chat`, for instruct models) ask the same items as a conversation:
 // the task's instruction, the shots as earlier user/assistant turns and the item as the last
 // user turn, rendered by the model's own chat template and answered in a form of their own
@@ -29,7 +33,7 @@
 
 namespace tandem::eval {
 
-enum class TaskKind { MultipleChoice, Numeric, Word };
+enum class TaskKind { MultipleChoice, Numeric, Word, Code };
 
 // LAMBADA's split in this project: passages [0, kLambadaFirstReported) may be used for training,
 // calibration and choosing settings; passages from kLambadaFirstReported on only for reporting.
@@ -41,8 +45,13 @@ struct Item {
   std::vector<std::string> labels;  // multiple choice: "A", "B", ...
   std::string gold;                 // a label, or a normalized number
   std::string reference;            // GSM8K: the worked solution, "... #### 72" (as the shots
-                                    // show theirs); empty for multiple choice
+                                    // show theirs); HumanEval: the canonical solution; empty
+                                    // for multiple choice
+  std::string test, entry_point;    // HumanEval: "def check(candidate): ..." and the function
 };
+
+// HumanEval's gold: the verdict of a program that passed its tests (SandboxResult::verdict).
+inline constexpr const char* kCodePassed = "passed";
 
 // How a multiple-choice item is answered in a chat prompt: one short sentence of reason ending
 // in "The answer is (X)"; the letter alone; or "The answer is (X) TEXT", the choice's text
@@ -57,7 +66,7 @@ struct ChatForm {
 };
 
 struct Task {
-  std::string name;  // "csqa", "arc-easy", "arc-challenge", "piqa", "gsm8k", "lambada"
+  std::string name;  // "csqa", "arc-easy", "arc-challenge", "piqa", "gsm8k", "lambada", "humaneval"
   TaskKind kind = TaskKind::MultipleChoice;
   std::string header;  // instruction + the few-shot examples, each ending in a blank line
   std::vector<Item> items;
@@ -71,13 +80,15 @@ struct Task {
 // Names accepted by load_task.
 std::vector<std::string> task_names();
 
-// Few-shot examples a task takes when none are asked for: 5, and 0 for LAMBADA (zero-shot).
+// Few-shot examples a task takes when none are asked for: 5, and 0 for LAMBADA and HumanEval
+// (zero-shot).
 int default_shots(const std::string& name);
 
 // Loads a task from `data_dir` (../shared/data) with `shots` examples in the header. Shots come
 // from the train split where there is one (CommonsenseQA); otherwise they are the first `shots`
-// items of the file, which are then left out of the evaluation. LAMBADA takes no shots (throws
-// for shots > 0), and its items keep their passage index: id "lambada-I" is line I + 1. Throws
+// items of the file, which are then left out of the evaluation. LAMBADA and HumanEval take no
+// shots (throw for shots > 0); LAMBADA's items keep their passage index: id "lambada-I" is line
+// I + 1; HumanEval's their task ids, "HumanEval/0" to "HumanEval/163". Throws
 // tandem::Error naming the file and line of anything malformed.
 Task load_task(const std::string& name, const std::string& data_dir, int shots);
 
@@ -86,7 +97,7 @@ std::string item_prompt(const Task& task, const Item& item);
 
 // Asks the task's items as chat turns from now on (Task::chat), with room for the form's
 // answer in max_answer_tokens: multiple choice 48 tokens for a reason, 4 for a letter, 24 for a
-// choice; 384 for a GSM8K solution; LAMBADA keeps 8.
+// choice; 384 for a GSM8K solution; LAMBADA keeps 8. HumanEval has no chat form (throws).
 void use_chat_form(Task& task, const ChatForm& form);
 // "reason" / "letter"; parse_chat_answer throws tandem::Error naming the choices.
 std::string chat_answer_name(ChatAnswer answer);
@@ -109,8 +120,8 @@ std::vector<ChatMessage> chat_messages(const Task& task, const Item& item);
 std::string chat_reference_answer(const Task& task, const Item& item);
 
 // Where the output stops being the answer: the first newline for multiple choice, the start of
-// a next "Question:" for GSM8K, the end of the first word for LAMBADA. Returns the output cut
-// there.
+// a next "Question:" for GSM8K, the end of the first word for LAMBADA, the first of code_stops
+// for HumanEval. Returns the output cut there.
 std::string cut_answer(TaskKind kind, const std::string& output);
 // True once the output so far can no longer change the extracted answer (generation may stop).
 bool answer_complete(TaskKind kind, const std::string& output);
@@ -120,7 +131,8 @@ std::string cut_answer(const Task& task, const std::string& output);
 bool answer_complete(const Task& task, const std::string& output);
 
 // The answer in an output already cut by cut_answer, by the task's kind of extraction below
-// (chat prompts: extract_chat_choice for multiple choice).
+// (chat prompts: extract_chat_choice for multiple choice). HumanEval: nullopt, a completion is
+// judged by running code_program (tandem/sandbox.h), its verdict the answer.
 std::optional<std::string> extract_answer(const Task& task, const Item& item,
                                           const std::string& output);
 
@@ -148,6 +160,13 @@ std::optional<std::string> extract_choice(const std::string& output,
                                           const std::vector<std::string>& labels);
 std::optional<std::string> extract_number(const std::string& output);
 std::optional<std::string> normalize_number(std::string s);
+
+// HumanEval's stop sequences, each at a line start (the prompt ends with a newline): a new
+// top-level def, class, if __name__, print( or comment ends the function's body.
+const std::vector<std::string>& code_stops();
+// The program that judges a completion: prompt + completion + "\n" + test + "\n" +
+// "check(ENTRY_POINT)\n"; it exits 0 when the completion passes the problem's tests.
+std::string code_program(const Item& item, const std::string& completion);
 
 // The word rule (LAMBADA). Leading whitespace and opening marks (" ' ( [ and the curly quotes)
 // come before the word and are skipped; the word is then the longest run of word characters:

@@ -3,7 +3,8 @@
 // through an EdgeDecoder talking to a cloud (a `tandem serve` or any supported backend), logs each
 // item's prompt, output and extracted answer, and ends with a results JSON, a markdown table and
 // plots drawn by gnuplot. An interrupted run resumes from its item logs. --chat asks the items
-// as chat turns in the model's own template (instruct models; tandem/eval_tasks.h).
+// as chat turns in the model's own template (instruct models; tandem/eval_tasks.h). HumanEval's
+// completions run in a sandbox (tandem/sandbox.h), and only with --allow-exec.
 #include <unistd.h>
 
 #include <chrono>
@@ -25,6 +26,7 @@
 #include "tandem/error.h"
 #include "tandem/eval_report.h"
 #include "tandem/eval_tasks.h"
+#include "tandem/sandbox.h"
 
 namespace tandem::cli {
 namespace {
@@ -188,9 +190,15 @@ class EvalCommand : public Command {
     cloud_.add_to(*sub_, CloudFlags::kAll & ~CloudFlags::kTimeout);
     sub_->add_option(
             "--task", task_,
-            "csqa | arc-easy | arc-challenge | piqa | gsm8k | lambada | wikitext | wikitext-valid "
-            "(WikiText-2 validation text, for choosing settings on text that is not reported)")
+            "csqa | arc-easy | arc-challenge | piqa | gsm8k | lambada | humaneval (needs "
+            "--allow-exec) | wikitext | wikitext-valid (WikiText-2 validation text, for choosing "
+            "settings on text that is not reported)")
         ->required();
+    sub_->add_flag("--allow-exec", allow_exec_,
+                   "humaneval: run each model-written completion with the problem's tests, as "
+                   "python3 in a sandbox (own process group and namespaces, CPU/memory/file "
+                   "limits, no network, writes only in a scratch folder, killed at 15 s; "
+                   "docs/eval.md); without it humaneval refuses to run");
     add_cloud_model_flag(*sub_, cloud_model_);
     sub_->add_option("--chunks", chunks_, "wikitext: chunks scored")
         ->check(CLI::Range(1, 10000))
@@ -252,6 +260,11 @@ class EvalCommand : public Command {
   }
 
   int run() override {
+    if (task_ == "humaneval" && !allow_exec_) {
+      throw Error(
+          "--task humaneval runs model-written code: add --allow-exec to run it in the "
+          "sandbox (docs/eval.md)");
+    }
     // One set of options for every run; run_one overrides only the mode and the router.
     edge_.resolve(cloud_.options);  // its mode and policy (run's flags) are not used here
     base_ = edge_.options;
@@ -285,6 +298,7 @@ class EvalCommand : public Command {
                        {"items", task.items.size()},
                        {"header", task.header},
                        {"chat", prompt_form(task)}};
+    if (task.kind == TaskKind::Code) results["task"]["sandbox"] = sandbox_json(SandboxLimits{});
     if (task.chat && !task.items.empty())
       results["task"]["chat_example"] = chat_example(task, *model);
     results["edge"] = {{"path", edge_.model},
@@ -325,6 +339,8 @@ class EvalCommand : public Command {
       throw Error("--system and --chat-answer go with --chat");
     if (chat_ && (task_ == "wikitext" || task_ == "wikitext-valid"))
       throw Error("--chat asks a task's items as chat turns; --task " + task_ + " scores text");
+    if (chat_ && task_ == "humaneval")
+      throw Error("--chat: humaneval is asked as a plain completion of the function's prompt");
   }
 
   // The first item's chat prompt for results.json: the template's text and its token ids.
@@ -461,6 +477,8 @@ class EvalCommand : public Command {
 
   // The word rule: an answer's tokens are those up to the one holding the word's last byte
   // (at least one: the token that showed there is no word); tokens past the word do not count.
+  // HumanEval's the same with the completion's end (its stop sequence's token is not counted
+  // unless it also holds the completion's last byte).
   static void count_answer_tokens(const std::vector<std::pair<size_t, bool>>& token_starts,
                                   size_t word_end, ItemRecord& r) {
     size_t k = 0;
@@ -495,11 +513,19 @@ class EvalCommand : public Command {
       if (done.count(item.id)) continue;
       const Generation g = generate_item(*edge, spec, task, model, item);
       const std::string output = cut_answer(task, g.res.text);
-      const auto answer = extract_answer(task, item, output);
+      std::optional<std::string> answer;
+      json line_extra;  // HumanEval: the sandbox's verdict and how the program ended
+      if (task.kind == TaskKind::Code) {
+        const SandboxResult run = run_python(code_program(item, output));
+        answer = run.verdict;
+        line_extra["sandbox"] = sandbox_json(run);
+      } else {
+        answer = extract_answer(task, item, output);
+      }
       const ItemRecord r = item_record(task, item, g, output, answer);
-      out << log_line(spec, item, r, output, answer, g.error, form)
-                 .dump(-1, ' ', false, json::error_handler_t::replace)
-          << "\n";
+      json line = log_line(spec, item, r, output, answer, g.error, form);
+      line.update(line_extra);
+      out << line.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
       out.flush();
       done[r.id] = r;
       ++tally.n_done;
@@ -577,8 +603,31 @@ class EvalCommand : public Command {
     return g;
   }
 
+  // A sandbox run for an item's log line: the verdict, how the program ended, the isolation
+  // that applied and the last KiB of its stderr (the traceback).
+  static json sandbox_json(const SandboxResult& run) {
+    const size_t tail = std::min<size_t>(run.stderr_tail.size(), 1024);
+    return {{"verdict", run.verdict},
+            {"exit_status", run.exit_status},
+            {"signal", run.signal},
+            {"timed_out", run.timed_out},
+            {"wall_ms", run.wall_ms},
+            {"cpu_ms", run.cpu_ms},
+            {"isolation", run.isolation},
+            {"stderr_tail", run.stderr_tail.substr(run.stderr_tail.size() - tail)}};
+  }
+  // The sandbox's limits for results.json.
+  static json sandbox_json(const SandboxLimits& lim) {
+    return {{"wall_s", lim.wall_s},
+            {"cpu_s", lim.cpu_s},
+            {"memory_bytes", lim.memory_bytes},
+            {"file_bytes", lim.file_bytes},
+            {"processes", lim.processes},
+            {"python", python_executable()}};
+  }
+
   // The item's record: its answer scored against the gold and the generation's statistics (a
-  // word task counts only the answer word's tokens).
+  // word task counts only the answer word's tokens, HumanEval the completion's up to its stop).
   static ItemRecord item_record(const Task& task, const Item& item, const Generation& g,
                                 const std::string& output,
                                 const std::optional<std::string>& answer) {
@@ -590,7 +639,8 @@ class EvalCommand : public Command {
     r.generated_cloud = g.res.stats.cloud_tokens;
     r.tokens = r.generated;
     r.cloud_tokens = r.generated_cloud;
-    if (task.kind == TaskKind::Word) count_answer_tokens(g.token_starts, output.size(), r);
+    if (task.kind == TaskKind::Word || task.kind == TaskKind::Code)
+      count_answer_tokens(g.token_starts, output.size(), r);
     r.route_events = g.res.stats.route_events;
     r.fallbacks = g.res.stats.fallbacks;
     r.bytes_up = g.res.stats.bytes_up;
@@ -654,7 +704,7 @@ class EvalCommand : public Command {
     std::vector<ReportRun> rows;
     for (const RunSpec& spec : runs)
       rows.push_back({spec.name, edge_mode_name(spec.mode), spec.target_rate});
-    ReportTask t{task.name, {}, shots_, task.kind == TaskKind::Word};
+    ReportTask t{task.name, {}, shots_, task.kind == TaskKind::Word, task.kind == TaskKind::Code};
     for (const Item& it : task.items) t.item_ids.push_back(it.id);
     summarize_runs(rows, t, by_run, results);
     write_results_markdown(out_, t, results);
@@ -666,7 +716,7 @@ class EvalCommand : public Command {
   EdgeOptions base_;  // every run's options but its mode and router (edge_ resolved, greedy)
   std::string task_, modes_ = "local,cloud,route,speculative", policy_ = "confidence";
   std::string data_, out_, cloud_model_;
-  bool chat_ = false;
+  bool chat_ = false, allow_exec_ = false;
   std::string system_, chat_answer_ = "reason";
   int chunks_ = 8, chunk_tokens_ = 512, chunk_offset_ = 0;
   std::vector<std::string> router_files_;

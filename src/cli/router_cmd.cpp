@@ -174,6 +174,11 @@ class RouterCollect {
   // (B)."; positions recorded from the row that predicts the answer on). `numeric` receives the
   // task when it is GSM8K.
   std::vector<TraceSource> task_sources(const Model& edge, std::optional<eval::Task>& numeric) {
+    if (task_ == "humaneval") {
+      throw Error(
+          "router collect --task humaneval: a completion has no single reference to "
+          "teacher-force (it is judged by running it); choose another task");
+    }
     eval::Task task = eval::load_task(task_, data_, task_ == "lambada" ? 0 : shots_);
     chat_.apply(task);
     if (task.kind == eval::TaskKind::Numeric) numeric = task;

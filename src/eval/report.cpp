@@ -241,6 +241,10 @@ void write_results_markdown(const std::string& out_dir, const ReportTask& task,
     md << "\nCloud share counts the answer word's tokens only (the word rule, docs/eval.md); "
           "round trips and bytes count everything sent.\n";
   }
+  if (task.completion_rule) {
+    md << "\nAccuracy is pass@1 (greedy; each completion run with its tests in the sandbox); "
+          "cloud share counts the completion's tokens up to its stop sequence.\n";
+  }
   if (results.contains("gap")) {
     md << "\nLocal " << fmt("%.1f%%", 100 * results["gap"]["local"].get<double>()) << " vs cloud "
        << fmt("%.1f%%", 100 * results["gap"]["cloud"].get<double>())

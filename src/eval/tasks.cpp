@@ -152,14 +152,35 @@ std::vector<Item> lambada_items(const std::string& path) {
   return items;
 }
 
+// HumanEval: {"task_id", "prompt", "entry_point", "canonical_solution", "test"}. The prompt is
+// asked as it is (it ends with a newline after the docstring).
+std::vector<Item> humaneval_items(const std::string& path) {
+  const auto rows = read_jsonl(path);
+  std::vector<Item> items;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string where = path + ":" + std::to_string(i + 1);
+    Item it;
+    it.id = str(rows[i], "task_id", where);
+    it.question = str(rows[i], "prompt", where);
+    it.reference = str(rows[i], "canonical_solution", where);
+    it.test = str(rows[i], "test", where);
+    it.entry_point = str(rows[i], "entry_point", where);
+    it.gold = kCodePassed;
+    if (it.entry_point.empty()) throw Error(where + ": field 'entry_point' is empty");
+    items.push_back(std::move(it));
+  }
+  return items;
+}
+
 }  // namespace
 
 std::vector<std::string> task_names() {
-  return {"csqa", "csqa-train", "arc-easy", "arc-challenge", "piqa", "gsm8k", "lambada"};
+  return {"csqa", "csqa-train", "arc-easy", "arc-challenge",
+          "piqa", "gsm8k",      "lambada",  "humaneval"};
 }
 
 int default_shots(const std::string& name) {
-  return name == "lambada" ? 0 : 5;
+  return name == "lambada" || name == "humaneval" ? 0 : 5;
 }
 
 WordSpan find_word(std::string_view text) {
@@ -321,6 +342,19 @@ void add_shots(Task& t, int shots, LoadedItems& l) {
   t.shots = std::move(l.shot_items);
 }
 
+// A zero-shot task (LAMBADA, HumanEval): no header and no shots (refused, saying why: `what`).
+void zero_shot(Task& t, int shots, const std::string& what, TaskKind kind, int max_answer_tokens,
+               const std::string& source) {
+  if (shots > 0) {
+    throw Error(t.name + " is zero-shot (" + what + "): --shots " + std::to_string(shots) +
+                " must be 0");
+  }
+  t.kind = kind;
+  t.max_answer_tokens = max_answer_tokens;
+  t.source = source;
+  t.shots_from = "none (zero-shot)";
+}
+
 }  // namespace
 
 Task load_task(const std::string& name, const std::string& data_dir, int shots) {
@@ -338,15 +372,14 @@ Task load_task(const std::string& name, const std::string& data_dir, int shots) 
   } else if (name == "gsm8k") {
     load_gsm8k(t, data_dir, l);
   } else if (name == "lambada") {
-    if (shots > 0) {
-      throw Error("lambada is zero-shot (the prompt is the passage itself): --shots " +
-                  std::to_string(shots) + " must be 0");
-    }
-    t.kind = TaskKind::Word;
-    t.max_answer_tokens = 8;
-    t.source = data_dir + "/lambada/lambada_test.jsonl";
-    t.shots_from = "none (zero-shot)";
+    zero_shot(t, shots, "the prompt is the passage itself", TaskKind::Word, 8,
+              data_dir + "/lambada/lambada_test.jsonl");
     t.items = lambada_items(t.source);
+    return t;
+  } else if (name == "humaneval") {
+    zero_shot(t, shots, "the prompt is the function to complete", TaskKind::Code, 384,
+              data_dir + "/humaneval/HumanEval.jsonl");
+    t.items = humaneval_items(t.source);
     return t;
   } else {
     std::string names;
@@ -435,6 +468,10 @@ std::string chat_shot_answer(const Task& t, const Item& shot) {
 }  // namespace
 
 void use_chat_form(Task& task, const ChatForm& form) {
+  if (task.kind == TaskKind::Code) {
+    throw Error("--chat: " + task.name +
+                " is asked as a plain completion of the function's prompt; it has no chat form");
+  }
   task.chat = form;
   if (task.kind == TaskKind::Numeric) task.max_answer_tokens = 384;
   if (task.kind == TaskKind::MultipleChoice)
@@ -480,8 +517,23 @@ std::vector<ChatMessage> chat_messages(const Task& task, const Item& item) {
   return msgs;
 }
 
+const std::vector<std::string>& code_stops() {
+  static const std::vector<std::string> stops = {"\ndef ", "\nclass ", "\nif __name__", "\nprint(",
+                                                 "\n#"};
+  return stops;
+}
+
+std::string code_program(const Item& item, const std::string& completion) {
+  return item.question + completion + "\n" + item.test + "\n" + "check(" + item.entry_point + ")\n";
+}
+
 std::string cut_answer(TaskKind kind, const std::string& output) {
   if (kind == TaskKind::MultipleChoice) return output.substr(0, output.find('\n'));
+  if (kind == TaskKind::Code) {
+    size_t cut = output.size();
+    for (const std::string& stop : code_stops()) cut = std::min(cut, output.find(stop));
+    return output.substr(0, cut);
+  }
   if (kind == TaskKind::Word) return output.substr(0, find_word(output).end);
   size_t cut = output.find("\nQuestion:");
   const size_t blank = output.find("\n\n");
@@ -513,6 +565,8 @@ std::optional<std::string> extract_answer(const Task& task, const Item& item,
       return extract_number(output);
     case TaskKind::Word:
       return extract_word(output);
+    case TaskKind::Code:
+      return std::nullopt;  // judged by running it (code_program, tandem/sandbox.h)
   }
   return std::nullopt;
 }

@@ -138,4 +138,16 @@ for cmd in generate tokenize logits bench perplexity serve run ui eval; do
   check "$cmd --help names the default pair" bash -c "env -u TANDEM_MODEL -u TANDEM_PAIR '$TANDEM' $cmd --help | grep -q 'model of the default pair (qwen'"
 done
 
+# HumanEval runs model-written code: refused, in one line naming --allow-exec, unless asked for
+# (before any model or data is read); --chat has no HumanEval form.
+msg=$(env -u TANDEM_MODEL "$TANDEM" eval --task humaneval --out "$TMP/he" 2>&1)
+rc=$?
+check "eval --task humaneval without --allow-exec: exit code 1" [ "$rc" -eq 1 ]
+check "eval --task humaneval without --allow-exec: one line" [ "$(wc -l <<<"$msg")" -eq 1 ]
+check "eval --task humaneval without --allow-exec: names it" grep -q -- "--allow-exec" <<<"$msg"
+check "eval --task humaneval without --allow-exec: nothing written" [ ! -e "$TMP/he" ]
+msg=$("$TANDEM" eval --task humaneval --allow-exec --chat 2>&1)
+check "eval --task humaneval --chat: refused" grep -q -- "--chat: humaneval" <<<"$msg"
+check "eval --help documents --allow-exec" grep -q -- " --allow-exec " <<<"$eval_help"
+
 check_summary cli_contract

@@ -13,6 +13,7 @@
 #include "../server/server_harness.h"
 #include "common/run_tandem.h"
 #include "common/testdata.h"
+#include "tandem/default_model.h"
 
 namespace tandem::testing {
 namespace {
@@ -373,6 +374,43 @@ TEST(EvalEndToEnd, ChatPromptsAreRecordedAndResumeRefusesToMixForms) {
   EXPECT_EQ(again.rc, 0) << again.err;
   EXPECT_EQ(read_lines(out / "items-local.jsonl").size(), 4u) << "the same form resumes";
   EXPECT_EQ(eval("0-3", {"--system", "x"}).rc, 1) << "--system without --chat";
+  fs::remove_all(out);
+}
+
+// HumanEval through the CLI on the real small model: refused without --allow-exec (before any
+// model is read), and with it three problems generated, run in the sandbox and logged with
+// their verdicts; the completion's tokens are what the share counts.
+TEST(EvalEndToEnd, HumanEvalOnTheRealModel) {
+  const fs::path out = fs::temp_directory_path() / ("tandem-he-" + std::to_string(getpid()));
+  fs::remove_all(out);
+  fs::create_directories(out);
+  const Ran refused =
+      run_tandem({"eval", "--task", "humaneval", "--out", (out / "r").string()}, out);
+  EXPECT_EQ(refused.rc, 1);
+  EXPECT_NE(refused.err.find("--allow-exec"), std::string::npos) << refused.err;
+  EXPECT_FALSE(fs::exists(out / "r"));
+  const std::string model = test_model_path();
+  if (!fs::exists(model)) GTEST_SKIP() << "real model not found at " << model;
+  const Ran ran =
+      run_tandem({"eval", "-m", model, "--task", "humaneval", "--allow-exec", "--modes", "local",
+                  "--limit", "3", "-t", "2", "--no-plots", "--out", (out / "he").string()},
+                 out);
+  ASSERT_EQ(ran.rc, 0) << ran.err;
+  const auto lines = read_lines(out / "he" / "items-local.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  const std::set<std::string> verdicts = {"passed", "failed", "timeout", "killed"};
+  for (const json& l : lines) {
+    const std::string verdict = l["sandbox"]["verdict"];
+    EXPECT_TRUE(verdicts.count(verdict)) << l.dump();
+    EXPECT_EQ(l["answer"], verdict);
+    EXPECT_EQ(l["correct"], verdict == "passed");
+    EXPECT_EQ(l["gold"], "passed");
+    EXPECT_LE(l["tokens"].get<int>(), l["generated"].get<int>());
+    EXPECT_NE(l["sandbox"]["isolation"].get<std::string>(), "");
+  }
+  const json results = json::parse(read_file((out / "he" / "results.json").string()));
+  EXPECT_EQ(results["task"]["sandbox"]["wall_s"], 15.0);
+  EXPECT_EQ(results["task"]["items"], 3);
   fs::remove_all(out);
 }
 
