@@ -4,6 +4,8 @@
 //   qwen    Qwen2.5-Coder-0.5B-Instruct Q4_K_M         Qwen2.5-Coder-1.5B-Instruct Q4_K_M (default)
 //   gemma   Gemma 3 270M Q2_K (scripts/make_pair.sh)   Gemma 3 270M Q4_K_M                  (tests)
 //
+// Each pair may ship a trained router for its device model under routers/.
+//
 // Files live in ${TANDEM_CACHE:-$HOME/.cache/tandem}/models/, where scripts/fetch_model.sh and
 // scripts/make_pair.sh put them. Public (owned by src/common), so that the CLI's -m defaults
 // need no internal header.
@@ -34,6 +36,14 @@ std::string default_model_path(ModelRole role = ModelRole::Edge);
 // One line for --help: "Qwen2.5-Coder-0.5B-Instruct Q4_K_M, the device model of the default
 // pair (qwen)".
 std::string describe_default_model(ModelRole role);
+
+// The router trained for a pair's device model that ships in routers/ of the source tree
+// (docs/router.md, "Routers that ship"); "" when the pair ships none. Throws for an unknown pair.
+std::string pair_router_path(std::string_view pair);
+// The shipped router of the pair whose device model file `edge_model_path` is (the same file),
+// when that file exists; "" otherwise. What run, ui and eval route with when neither --policy
+// nor --router is given.
+std::string shipped_router_for(const std::string& edge_model_path);
 
 // The real model the test suite reads: $TANDEM_MODEL when set, else the gemma pair's cloud
 // model (Gemma 3 270M Q4_K_M, small and fast).

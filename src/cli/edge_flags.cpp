@@ -54,15 +54,19 @@ void add_model_flags(CLI::App& sub, EdgeFlags& f, unsigned members) {
 }
 
 void add_policy_flags(CLI::App& sub, EdgeFlags& f) {
-  sub.add_option("--policy", f.policy,
-                 "Router: confidence | entropy | margin | random:RATE[:SEED] | always | never")
-      ->capture_default_str();
+  f.policy_option =
+      sub.add_option("--policy", f.policy,
+                     "Router: confidence | entropy | margin | random:RATE[:SEED] | always | never "
+                     "(default: the router that ships for the device model of a known pair, "
+                     "docs/router.md; else confidence)")
+          ->capture_default_str();
   sub.add_option("--router", f.router_file,
                  "Trained router (GGUF, `tandem router train`) instead of --policy; "
                  "--target-rate starts from its calibration table, --threshold is its score");
-  auto* thr = sub.add_option("--threshold", f.threshold,
-                             "Route when the policy's score exceeds this (default per policy: "
-                             "confidence 0.5, entropy 2, margin 0.8)");
+  auto* thr = f.threshold_option =
+      sub.add_option("--threshold", f.threshold,
+                     "Route when the policy's score exceeds this (default per policy: "
+                     "confidence 0.5, entropy 2, margin 0.8)");
   sub.add_option("--target-rate", f.target_rate,
                  "Keep the cloud share of tokens near R (0..1) instead of a threshold")
       ->check(CLI::Range(0.0, 1.0))
@@ -179,7 +183,21 @@ void DeviceFlags::resolve() {
   }
 }
 
+bool EdgeFlags::routing_chosen() const {
+  const auto given = [](const CLI::Option* o) { return o && o->count() > 0; };
+  return !router_file.empty() || given(policy_option) || given(threshold_option);
+}
+
 void DeviceFlags::load_router(const Model& edge_model) {
+  if (edge.options.mode == EdgeMode::Route && !edge.routing_chosen()) {
+    edge.router_file = shipped_router_for(edge.model);
+    if (!edge.router_file.empty()) {
+      std::fprintf(stderr,
+                   "tandem: routing with %s, the router that ships for this model "
+                   "(--policy confidence to route by confidence instead)\n",
+                   edge.router_file.c_str());
+    }
+  }
   if (edge.router_file.empty()) return;
   load_trained_router(edge.router_file, edge_model, edge.model, edge.threshold, edge.options);
 }
@@ -220,6 +238,8 @@ void ChatFormFlags::check(const CLI::App& sub, const std::string& task) const {
     throw Error("--system and --chat-answer go with --chat");
   if (chat && (task == "wikitext" || task == "wikitext-valid"))
     throw Error("--chat asks a task's items as chat turns; --task " + task + " scores text");
+  if (chat && task == "humaneval")
+    throw Error("--chat: humaneval is asked as a plain completion of the function's prompt");
 }
 
 void ChatFormFlags::apply(eval::Task& task) const {

@@ -70,8 +70,13 @@ struct EdgeFlags {
   bool no_sync_ahead = false;
   int n_predict = 128;
   EdgeOptions options;  // complete after resolve()
+  // Set by add_to (kPolicy), to tell a flag given from its default.
+  CLI::Option* policy_option = nullptr;
+  CLI::Option* threshold_option = nullptr;
 
   void add_to(CLI::App& sub, unsigned members = kAll);
+  // Whether the command line chose how to route: --router, --policy or --threshold.
+  bool routing_chosen() const;
   // Fills `options` (mode, router, seed, sync-ahead, the cloud's timeout) and the model path's
   // default from the flags; throws tandem::Error naming the flag for a bad mode or policy.
   void resolve(const CloudOptions& cloud);
@@ -89,7 +94,8 @@ struct DeviceFlags {
   // --router R.gguf, once the small model is loaded: the trained (mlp) router, checked against
   // that model (refused, naming what differs, when it was made for another); its threshold is
   // --threshold, or the calibration's for a 7% cloud share, and --target-rate starts from the
-  // calibration's score distribution. Nothing without --router.
+  // calibration's score distribution. In route mode with no routing chosen, the router that
+  // ships for the device model of a known pair (shipped_router_for), said on stderr.
   void load_router(const Model& edge_model);
   // The cloud backend for --cloud (null in local mode); throws tandem::Error for a bad URL.
   std::unique_ptr<CloudBackend> make_backend(const Model& edge_model) const;
@@ -111,7 +117,7 @@ struct ChatFormFlags {
 
   void add_to(CLI::App& sub);
   // Throws tandem::Error for --system or --chat-answer without --chat, and for --chat with a
-  // task that scores text (wikitext, wikitext-valid).
+  // task that scores text (wikitext, wikitext-valid) or runs code (humaneval).
   void check(const CLI::App& sub, const std::string& task) const;
   // use_chat_form with these settings when --chat was given.
   void apply(eval::Task& task) const;

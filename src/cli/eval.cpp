@@ -21,6 +21,7 @@
 #include "cli/edge_flags.h"
 #include "cli/eval_loglik.h"
 #include "tandem/client.h"
+#include "tandem/default_model.h"
 #include "tandem/delay_proxy.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
@@ -229,17 +230,7 @@ class EvalCommand : public Command {
                      "margin (default confidence; none by default when --router is given)")
         ->capture_default_str();
     edge_.add_to(*sub_, EdgeFlags::kControl);
-    sub_->add_flag("--chat", chat_,
-                   "Ask each item as a chat (instruct models): the model's own chat template, "
-                   "the shots as earlier turns, answers as \"The answer is (X)\" (docs/eval.md)");
-    sub_->add_option("--system", system_, "With --chat: a system message before the turns");
-    sub_->add_option(
-            "--chat-answer", chat_answer_,
-            "With --chat, multiple choice: reason (one short sentence, then \"The "
-            "answer is (X)\"), letter (the letter alone) or choice (\"The answer is (X)\" and the "
-            "choice's text)")
-        ->check(CLI::IsMember({"reason", "letter", "choice"}))
-        ->capture_default_str();
+    chat_.add_to(*sub_);
     sub_->add_option("--shots", shots_,
                      "Few-shot examples in the prompt (default 5; lambada is zero-shot)")
         ->check(CLI::Range(0, 32));
@@ -271,8 +262,9 @@ class EvalCommand : public Command {
     base_.sampling.temp = 0;
     if (out_.empty()) out_ = "eval-out/" + task_;
     if (rates_.empty()) rates_ = {0.05, 0.2};
-    check_chat_flags();
+    chat_.check(*sub_, task_);
     if (task_ == "wikitext" || task_ == "wikitext-valid") return run_wikitext();
+    use_shipped_router();
     const auto runs = parse_runs(modes_, rates_, policies());
     // The device reaches the cloud through the delay proxy when a round trip is asked for.
     const std::unique_ptr<net::DelayProxy> proxy = start_delay_proxy();
@@ -283,7 +275,7 @@ class EvalCommand : public Command {
     }
     if (shots_ < 0) shots_ = default_shots(task_);
     Task task = load_task(task_, data_, shots_);
-    if (chat_) use_chat_form(task, {system_, parse_chat_answer(chat_answer_)});
+    chat_.apply(task);
     select_items(task);
     if (limit_ > 0 && static_cast<size_t>(limit_) < task.items.size()) task.items.resize(limit_);
     fs::create_directories(out_);
@@ -332,17 +324,6 @@ class EvalCommand : public Command {
   }
 
  private:
-  // --system and --chat-answer only mean something with --chat, and --chat only for tasks
-  // asked item by item.
-  void check_chat_flags() const {
-    if (!chat_ && (sub_->count("--system") > 0 || sub_->count("--chat-answer") > 0))
-      throw Error("--system and --chat-answer go with --chat");
-    if (chat_ && (task_ == "wikitext" || task_ == "wikitext-valid"))
-      throw Error("--chat asks a task's items as chat turns; --task " + task_ + " scores text");
-    if (chat_ && task_ == "humaneval")
-      throw Error("--chat: humaneval is asked as a plain completion of the function's prompt");
-  }
-
   // The first item's chat prompt for results.json: the template's text and its token ids.
   static json chat_example(const Task& task, const Model& model) {
     const Item& item = task.items.front();
@@ -422,6 +403,19 @@ class EvalCommand : public Command {
             {"cache_type_k", kv_cache_type_name(base_.context.type_k)},
             {"cache_type_v", kv_cache_type_name(base_.context.type_v)},
             {"seed", edge_.seed}};
+  }
+
+  // With neither --policy nor --router, route mode runs the router that ships for the device
+  // model of a known pair (shipped_router_for), at --rates.
+  void use_shipped_router() {
+    if (!router_files_.empty() || sub_->count("--policy") > 0) return;
+    const std::string shipped = shipped_router_for(edge_.model);
+    if (shipped.empty()) return;
+    router_files_.push_back(shipped);
+    std::fprintf(stderr,
+                 "[eval] route mode uses %s, the router that ships for this model "
+                 "(--policy confidence for the heuristic instead)\n",
+                 shipped.c_str());
   }
 
   // The route-mode policies: the --policy heuristics, then each --router file.
@@ -514,7 +508,7 @@ class EvalCommand : public Command {
       const Generation g = generate_item(*edge, spec, task, model, item);
       const std::string output = cut_answer(task, g.res.text);
       std::optional<std::string> answer;
-      json line_extra;  // HumanEval: the sandbox's verdict and how the program ended
+      json line_extra = json::object();  // HumanEval: the sandbox verdict and how it ended
       if (task.kind == TaskKind::Code) {
         const SandboxResult run = run_python(code_program(item, output));
         answer = run.verdict;
@@ -716,8 +710,8 @@ class EvalCommand : public Command {
   EdgeOptions base_;  // every run's options but its mode and router (edge_ resolved, greedy)
   std::string task_, modes_ = "local,cloud,route,speculative", policy_ = "confidence";
   std::string data_, out_, cloud_model_;
-  bool chat_ = false, allow_exec_ = false;
-  std::string system_, chat_answer_ = "reason";
+  ChatFormFlags chat_;
+  bool allow_exec_ = false;
   int chunks_ = 8, chunk_tokens_ = 512, chunk_offset_ = 0;
   std::vector<std::string> router_files_;
   std::string items_;

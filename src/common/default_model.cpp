@@ -1,6 +1,8 @@
 #include "tandem/default_model.h"
 
 #include <cstdlib>
+#include <filesystem>
+#include <system_error>
 
 #include "common/error.h"
 
@@ -13,14 +15,16 @@ struct PairFiles {
   const char* edge_desc;
   const char* cloud_file;
   const char* cloud_desc;
+  const char* router_file;  // under routers/ in the source tree; nullptr: none ships
 };
 
 // The table of known pairs: the first is the default.
 constexpr PairFiles kPairs[] = {
     {"qwen", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
-     "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M"},
+     "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
+     "qwen2.5-coder-0.5b-csqa-chat-fixes.gguf"},
     {"gemma", "gemma-3-270m-q2_k.gguf", "Gemma 3 270M Q2_K", "gemma-3-270m-q4_k_m.gguf",
-     "Gemma 3 270M Q4_K_M"},
+     "Gemma 3 270M Q4_K_M", "gemma-3-270m-q2_k-lambada-fixes.gguf"},
 };
 
 std::string env_or_empty(const char* name) {
@@ -93,6 +97,24 @@ std::string describe_default_model(ModelRole role) {
   return std::string(edge ? p->edge_desc : p->cloud_desc) + ", the " + (edge ? "device" : "cloud") +
          " model of the default pair (" + pair + "; --pair " + pair_list(pair) +
          " for another): " + pair_model_path(pair, role);
+}
+
+std::string pair_router_path(std::string_view pair) {
+  const PairFiles& p = find_pair(pair);
+  if (!p.router_file) return "";
+  return (std::filesystem::path(TANDEM_SOURCE_DIR) / "routers" / p.router_file).string();
+}
+
+std::string shipped_router_for(const std::string& edge_model_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& p : kPairs) {
+    if (!p.router_file) continue;
+    if (!fs::equivalent(edge_model_path, pair_model_path(p.name, ModelRole::Edge), ec)) continue;
+    std::string router = pair_router_path(p.name);
+    return fs::exists(router, ec) ? router : "";
+  }
+  return "";
 }
 
 std::string test_model_path() {

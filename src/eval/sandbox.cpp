@@ -77,7 +77,9 @@ constexpr const char* kAppliedNames[] = {"userns",      "pidns",         "netns"
 std::string isolation_name(uint32_t applied) {
   std::string out;
   for (size_t i = 0; i < std::size(kAppliedNames); ++i) {
-    if (applied & (1u << i)) out += (out.empty() ? "" : "+") + std::string(kAppliedNames[i]);
+    if (!(applied & (1u << i))) continue;
+    if (!out.empty()) out += '+';
+    out += kAppliedNames[i];
   }
   return out.empty() ? "none" : out;
 }
@@ -441,8 +443,10 @@ void supervise(Started& s, const SandboxLimits& lim, SandboxResult& r) {
   r.stderr_bytes = err.total;
   if (WIFEXITED(status)) r.exit_status = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-  // The CPU limit kills with SIGXCPU, or SIGKILL at the hard limit (PID 1 ignores SIGXCPU).
-  if (r.signal != 0 && r.cpu_ms >= 1000.0 * lim.cpu_s - 50) r.timed_out = true;
+  // The CPU limit kills with SIGXCPU (only that limit sends it), or SIGKILL at the hard limit
+  // (PID 1 ignores SIGXCPU); rusage may read a little under the limit, so SIGXCPU decides alone.
+  if (r.signal == SIGXCPU || (r.signal != 0 && r.cpu_ms >= 1000.0 * lim.cpu_s - 50))
+    r.timed_out = true;
 }
 
 std::string verdict(const SandboxResult& r) {

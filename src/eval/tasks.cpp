@@ -524,7 +524,16 @@ const std::vector<std::string>& code_stops() {
 }
 
 std::string code_program(const Item& item, const std::string& completion) {
-  return item.question + completion + "\n" + item.test + "\n" + "check(" + item.entry_point + ")\n";
+  // Appended piece by piece (GCC 12 warns, wrongly, on a chain of string + literal + string).
+  std::string program = item.question;
+  for (const std::string* piece : {&completion, &item.test}) {
+    program += *piece;
+    program += '\n';
+  }
+  program += "check(";
+  program += item.entry_point;
+  program += ")\n";
+  return program;
 }
 
 std::string cut_answer(TaskKind kind, const std::string& output) {

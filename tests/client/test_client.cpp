@@ -911,7 +911,7 @@ void write_test_router(const Model& edge, const std::string& path) {
   router::calibrate(m, scores);
   router::save_router(path, m,
                       {edge.info().vocab_hash, static_cast<uint32_t>(edge.info().n_vocab),
-                       edge.info().name, "disagree", "{}"});
+                       edge.info().name, "", "disagree", "{}"});
 }
 
 // One router loader: a trained router loaded by load_trained_router decides alike on a device

@@ -107,6 +107,37 @@ TEST(ShippedRouters, ARouterForAnotherModelIsRefused) {
   fs::remove_all(dir);
 }
 
+// In route mode with no routing chosen, `run` routes with the router that ships for the device
+// model of a known pair (the same file, by any name), and says so; --policy or --threshold
+// chooses otherwise.
+TEST(ShippedRouters, RunRoutesWithThePairsRouterByDefault) {
+  const std::string edge = pair_model_path("qwen", ModelRole::Edge);
+  skip_without(edge);
+  const fs::path dir = scratch("default-router");
+  // No cloud answers on port 1: the answer is the device's, the choice of router is on stderr.
+  const std::vector<std::string> route = {
+      "run", "--mode", "route", "--cloud", "http://127.0.0.1:1", "-p", "Hi", "-n", "1", "-t", "1"};
+  auto run_with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = route;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_tandem(args, dir);
+  };
+  const std::string shipped = shipped_path(kShipped[0]);
+  Ran r = run_with({"-m", edge});
+  EXPECT_NE(r.err.find("routing with " + shipped), std::string::npos) << r.err;
+  r = run_with({"--pair", "qwen"});
+  EXPECT_NE(r.err.find("routing with " + shipped), std::string::npos) << r.err;
+  r = run_with({"-m", edge, "--policy", "confidence"});
+  EXPECT_EQ(r.err.find("routing with"), std::string::npos) << r.err;
+  r = run_with({"-m", edge, "--threshold", "0.5"});
+  EXPECT_EQ(r.err.find("routing with"), std::string::npos) << r.err;
+  const fs::path copy = dir / "copy.gguf";
+  fs::create_symlink(edge, copy);  // the same file by another name is still the pair's
+  r = run_with({"-m", copy.string()});
+  EXPECT_NE(r.err.find("routing with " + shipped), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
 // `router collect --chat`: records start at the answer turn and their true tokens spell the
 // chat form's answer, "The answer is (X)." with X the item's gold letter. The edge is its own
 // cloud here (quick), so the two top-1s agree everywhere.

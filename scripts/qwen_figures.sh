@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The default pair's routing figures (docs/results.md, "The paper's pair"): Qwen2.5-Coder 0.5B
+# Instruct on the device, 1.5B Instruct in the cloud (a `tandem serve` on 127.0.0.1), items asked
+# as chat turns with 5 shots (the form docs/eval.md chose on CommonsenseQA train for the 0.5B
+# alone). Each stage resumes from its item logs.
+#   scripts/qwen_figures.sh [STAGE...]
+#     choose   CommonsenseQA *train* items 2400-2599 (never traced for the router): local, cloud,
+#              the shipped router and confidence at 7% -- where the router's controller target
+#              is read against its realised share                       -> $OUT/choose-csqa
+#     csqa     CommonsenseQA dev, all 1,221 items: local, cloud, route at $RATES for the shipped
+#              router and for $POLICIES                                  -> $OUT/csqa-dev
+# Env: TANDEM_BUILD (default build), OUT (default eval-out/qwen), THREADS (default 2; the cloud
+# gets the same), RATES (default 0.07), POLICIES (default confidence).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${TANDEM_BUILD:-$ROOT/build}
+OUT=${OUT:-$ROOT/eval-out/qwen}
+T=${THREADS:-2}
+RATES=${RATES:-0.07}
+POLICIES=${POLICIES:-confidence}
+STAGES=("$@")
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(choose csqa)
+mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh" qwen)
+CLOUD=${PAIR[0]}
+EDGE=${PAIR[1]}
+TANDEM=$BUILD/tandem
+ROUTER=$ROOT/routers/qwen2.5-coder-0.5b-csqa-chat-fixes.gguf
+mkdir -p "$OUT"
+
+source "$ROOT/scripts/serve_lib.sh"
+trap stop_cloud EXIT
+start_cloud "$TANDEM" "$CLOUD" "$T" "$OUT/serve.log"
+
+# eval TASK OUTDIR [more flags]: the pair's chat form, greedy, the router and the heuristics.
+qwen_eval() {
+  local task=$1 out=$2
+  shift 2
+  echo "+ tandem eval --task $task -m $EDGE --cloud $URL --chat --shots 5 $* --out $out" >&2
+  "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" --chat --shots 5 -t "$T" \
+    --out "$out" "$@"
+}
+
+for stage in "${STAGES[@]}"; do
+  case $stage in
+    choose)
+      qwen_eval csqa-train "$OUT/choose-csqa" --items 2400-2599 --modes local,cloud,route \
+        --policy confidence --rates 0.07 --router "$ROUTER@0.07"
+      ;;
+    csqa)
+      qwen_eval csqa "$OUT/csqa-dev" --modes local,cloud,route --policy "$POLICIES" \
+        --rates "$RATES" --router "$ROUTER@$RATES"
+      ;;
+    *)
+      echo "qwen_figures.sh: unknown stage '$stage'" >&2
+      exit 2
+      ;;
+  esac
+done
