@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "server/api_internal.h"
+#include "server/random_id.h"
 #include "tokenizer/chat_template.h"
 
 namespace tandem::server {
@@ -303,12 +304,7 @@ class CompletionJob : public Job {
     std::vector<TopEntry> top;
   };
 
-  std::string make_id() const {
-    char id[32];
-    std::snprintf(id, sizeof id, "cmpl-%016llx",
-                  static_cast<unsigned long long>(std::hash<const void*>()(this) ^ created_));
-    return id;
-  }
+  static std::string make_id() { return "cmpl-" + random_id_hex(); }
 
   // ---- generation
 

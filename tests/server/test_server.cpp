@@ -3,11 +3,13 @@
 // own server process on a testdata model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "common/testdata.h"
@@ -409,6 +411,34 @@ TEST(Server, FullQueueAnswers429) {
   EXPECT_GE(ok.load(), 2);
   EXPECT_GE(busy.load(), 1);
   EXPECT_EQ(other.load(), 0);
+}
+
+// A completion's id is 128 random bits: unique, and nothing shared between ids (an id made of a
+// heap address and the time shared its top 16 bits with every other and repeated).
+TEST(Server, CompletionIdsAreRandom) {
+  ServerProcess server(model_path());
+  TestClient c = server.client();
+  std::set<std::string> ids;
+  for (int i = 0; i < 16; ++i) {
+    const HttpResult r =
+        c.post("/v1/completions", {{"prompt", std::vector<int>{1, 2}}, {"max_tokens", 1}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    const std::string id = r.j()["id"];
+    ASSERT_EQ(id.size(), 5u + 32u) << id;
+    EXPECT_EQ(id.rfind("cmpl-", 0), 0u) << id;
+    EXPECT_EQ(id.find_first_not_of("0123456789abcdef", 5), std::string::npos) << id;
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), 16u) << "every id differs";
+  // The longest prefix all 16 share after "cmpl-": 16 random ids share none but by a chance of
+  // 16^-15 per digit.
+  const std::string& first = *ids.begin();
+  size_t shared = 5;
+  while (shared < first.size() && std::all_of(ids.begin(), ids.end(), [&](const std::string& id) {
+           return id[shared] == first[shared];
+         }))
+    ++shared;
+  EXPECT_EQ(shared, 5u) << first;
 }
 
 TEST(Server, BadInputGets400NamingTheField) {
