@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The default pair's routing figures (docs/results.md, "The paper's pair"): Qwen2.5-Coder 0.5B
 # Instruct on the device, 1.5B Instruct in the cloud (a `tandem serve` on 127.0.0.1), items asked
-# as chat turns with 5 shots (the form docs/eval.md chose on CommonsenseQA train for the 0.5B
-# alone). Each stage resumes from its item logs.
+# as chat turns with 5 shots and answered "The answer is (X) TEXT." (--chat-answer choice: the
+# form docs/eval.md chose on CommonsenseQA train for the 0.5B alone). Each stage resumes from its
+# item logs.
 #   scripts/qwen_figures.sh [STAGE...]
 #     choose   CommonsenseQA *train* items 2400-2599 (never traced for the router): local, cloud,
 #              the shipped router and confidence at 7% -- where the router's controller target
@@ -24,7 +25,7 @@ mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh" qwen)
 CLOUD=${PAIR[0]}
 EDGE=${PAIR[1]}
 TANDEM=$BUILD/tandem
-ROUTER=$ROOT/routers/qwen2.5-coder-0.5b-csqa-chat-fixes.gguf
+ROUTER=$ROOT/routers/qwen2.5-coder-0.5b-csqa-choice-fixes.gguf
 mkdir -p "$OUT"
 
 source "$ROOT/scripts/serve_lib.sh"
@@ -35,9 +36,10 @@ start_cloud "$TANDEM" "$CLOUD" "$T" "$OUT/serve.log"
 qwen_eval() {
   local task=$1 out=$2
   shift 2
-  echo "+ tandem eval --task $task -m $EDGE --cloud $URL --chat --shots 5 $* --out $out" >&2
-  "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" --chat --shots 5 -t "$T" \
-    --out "$out" "$@"
+  echo "+ tandem eval --task $task -m $EDGE --cloud $URL --chat --chat-answer choice --shots 5" \
+    "-t $T --out $out $*" >&2
+  "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" --chat --chat-answer choice --shots 5 \
+    -t "$T" --out "$out" "$@"
 }
 
 for stage in "${STAGES[@]}"; do

@@ -22,7 +22,7 @@ struct PairFiles {
 constexpr PairFiles kPairs[] = {
     {"qwen", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
      "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
-     "qwen2.5-coder-0.5b-csqa-chat-fixes.gguf"},
+     "qwen2.5-coder-0.5b-csqa-choice-fixes.gguf"},
     {"gemma", "gemma-3-270m-q2_k.gguf", "Gemma 3 270M Q2_K", "gemma-3-270m-q4_k_m.gguf",
      "Gemma 3 270M Q4_K_M", "gemma-3-270m-q2_k-lambada-fixes.gguf"},
 };

@@ -31,7 +31,7 @@ struct Shipped {
 };
 
 const Shipped kShipped[] = {
-    {"qwen2.5-coder-0.5b-csqa-chat-fixes.gguf", "qwen", "Qwen2.5 Coder 0.5B Instruct AWQ",
+    {"qwen2.5-coder-0.5b-csqa-choice-fixes.gguf", "qwen", "Qwen2.5 Coder 0.5B Instruct AWQ",
      "Qwen2.5 Coder 1.5B Instruct GGUF (qwen2.5-coder-1.5b-instruct-q4_k_m.gguf)"},
     {"gemma-3-270m-q2_k-lambada-fixes.gguf", "gemma", "Gemma 3 270m",
      "Gemma 3 270m (gemma-3-270m-q4_k_m.gguf)"},
