@@ -2,8 +2,10 @@
 // sockets) that answers sessions and steps the way a broken or malicious cloud could -- 100,000
 // nested arrays, huge or nested error messages, absurd Retry-After values, fields of the wrong
 // type, token ids outside the vocabulary, lengths and positions that do not add up, a body over
-// the size limit. Each time the backend throws a CloudError (nothing else), and the edge decoder
-// in route mode still returns the whole answer, decoded locally, with every fallback counted.
+// the size limit, a 60 MiB shallow flood. Each time the backend throws a CloudError (nothing
+// else), and the edge decoder in route mode still returns the whole answer, decoded locally, with
+// every fallback counted. MaliciousCloudCli runs `tandem run` and `tandem router collect` against
+// such a cloud and bounds their exit, their stderr and their peak memory.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -939,17 +941,24 @@ FakeCloud::Script every_answer(std::string completion, int status = 200) {
   };
 }
 
-Reply flood_60mib(bool chunked) {
-  return Reply::flood(60u << 20, chunked);
+struct Attack {
+  const char* label;
+  FakeCloud::Script script;
+};
+
+// The issue's shallow flood on every request: 60 MiB, with a Content-Length and chunked; then
+// `more` attacks.
+std::vector<Attack> floods_and(std::vector<Attack> more) {
+  std::vector<Attack> all = {
+      {"60 MiB flood, content-length",
+       [](const Exchange&) { return Reply::flood(60u << 20, false); }},
+      {"60 MiB flood, chunked", [](const Exchange&) { return Reply::flood(60u << 20, true); }}};
+  all.insert(all.end(), more.begin(), more.end());
+  return all;
 }
 
 TEST_F(MaliciousCloudCli, RunFallsBackWithinMemory) {
-  struct Case {
-    const char* label;
-    FakeCloud::Script script;
-  } cases[] = {
-      {"60 MiB flood, content-length", [](const Exchange&) { return flood_60mib(false); }},
-      {"60 MiB flood, chunked", [](const Exchange&) { return flood_60mib(true); }},
+  const std::vector<Attack> attacks = floods_and({
       {"deep", every_answer(nested_arrays(kDeep))},
       {"wrong types", every_answer(R"({"choices":[{"text":5,"logprobs":[],"finish_reason":{}}]})")},
       {"token id out of range",
@@ -958,8 +967,8 @@ TEST_F(MaliciousCloudCli, RunFallsBackWithinMemory) {
        every_answer(R"({"choices":[{"text":"","logprobs":{"tokens":["token_id:-1"]}}]})")},
       {"control characters",
        every_answer(R"({"error":{"message":"\u001b[2J\u001b]0;x\u0007gone\r\nfake: ok"}})", 500)},
-  };
-  for (auto& c : cases) {
+  });
+  for (const Attack& c : attacks) {
     FakeCloud cloud(c.script);
     for (const char* api : {"openai", "tandem"}) {
       const std::string label = std::string(c.label) + " (" + api + ")";
@@ -986,12 +995,7 @@ TEST_F(MaliciousCloudCli, RouterCollectStopsWithOneLine) {
       return http_answer(200, json{{"choices", {{{"text", ""}, {"prompt_logprobs", pl}}}}}.dump());
     };
   };
-  struct Case {
-    const char* label;
-    FakeCloud::Script script;
-  } cases[] = {
-      {"60 MiB flood, content-length", [](const Exchange&) { return flood_60mib(false); }},
-      {"60 MiB flood, chunked", [](const Exchange&) { return flood_60mib(true); }},
+  const std::vector<Attack> attacks = floods_and({
       {"deep", [](const Exchange&) -> Reply { return http_answer(200, nested_arrays(kDeep)); }},
       {"wrong types", rows({{"1", {{"logprob", "high"}, {"rank", 1}}}})},
       {"token id out of range", rows({{"2147483647", {{"logprob", -0.1}, {"rank", 1}}}})},
@@ -1001,8 +1005,8 @@ TEST_F(MaliciousCloudCli, RouterCollectStopsWithOneLine) {
        [](const Exchange&) -> Reply {
          return http_answer(500, R"({"error":{"message":"\u001b[2Jbad\u0007\r\nerror: fake"}})");
        }},
-  };
-  for (auto& c : cases) {
+  });
+  for (const Attack& c : attacks) {
     FakeCloud cloud(c.script);
     const testing::Ran r = testing::run_tandem(collect_args(cloud.url()), *dir_);
     expect_contained(r, c.label);
