@@ -19,9 +19,13 @@ class HttpClient;
 class HttpCloudRows {
  public:
   // The cloud at options.url, spoken to as options.api (tandem | openai | sglang), with its
-  // api_key, insecure, ca_file and max_answer_bytes; each request may take options.timeout_s.
-  // Throws std::invalid_argument for a bad URL.
-  explicit HttpCloudRows(const CloudOptions& options);
+  // api_key, insecure, ca_file and max_answer_bytes (the ceiling of every answer's cap); each
+  // request may take options.timeout_s. Every token id the cloud names must lie in [0, n_vocab)
+  // (the edge's vocabulary, whose logits it indexes). Throws std::invalid_argument for a bad URL.
+  // Every failure of the cloud (transport, status, an answer over its cap, too deep, of the
+  // wrong shape, out of range) is a CloudError whose message quotes the cloud only as an
+  // excerpt (control characters replaced, length cut).
+  HttpCloudRows(const CloudOptions& options, int n_vocab);
   ~HttpCloudRows();
 
   // Rows [first_row, n − 1) of a chunk in one request. top_n > 0 asks for the cloud's top-n per
@@ -38,6 +42,8 @@ class HttpCloudRows {
   std::unique_ptr<net::HttpClient> http_;
   std::string api_;
   double timeout_s_;
+  int n_vocab_;
+  size_t max_answer_bytes_;
 };
 
 // What only /v1/completions (or a local cloud model) gives, refused for an SGLang cloud:

@@ -68,7 +68,7 @@ Models load_models(const WikitextEvalOptions& o) {
   co.insecure = o.insecure;
   co.ca_file = o.ca_file;
   co.timeout_s = o.timeout_s;
-  m.http = std::make_unique<HttpCloudRows>(co);
+  m.http = std::make_unique<HttpCloudRows>(co, m.edge->vocab_size());
   return m;
 }
 

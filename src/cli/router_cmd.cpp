@@ -113,7 +113,7 @@ class RouterCollect {
       if (api_ == "sglang")
         refuse_sglang("router collect: the cloud's top tokens and continuations",
                       "/v1/completions");
-      http = std::make_unique<HttpCloudRows>(cloud_.options);
+      http = std::make_unique<HttpCloudRows>(cloud_.options, edge->vocab_size());
     }
     // GSM8K (a numeric task): the outcome label judges each continuation's final answer.
     std::optional<eval::Task> numeric;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -71,15 +72,48 @@ std::string excerpt(std::string_view text, size_t max_bytes) {
   return out;
 }
 
-json parse_json(std::string_view body) {
-  if (!json_depth_error(body).empty()) return json(json::value_t::discarded);
+AnswerCap answer_cap(size_t ceiling, std::initializer_list<CapTerm> terms) {
+  constexpr size_t kMax = std::numeric_limits<size_t>::max();
+  size_t bytes = kAnswerFixedBytes;
+  for (const CapTerm& t : terms) {
+    const size_t term =
+        t.bytes_each != 0 && t.tokens > kMax / t.bytes_each ? kMax : t.tokens * t.bytes_each;
+    bytes = term > kMax - bytes ? kMax : bytes + term;
+  }
+  return AnswerCap{std::min(bytes, ceiling)};
+}
+
+net::HttpResponse fetch(net::HttpClient& http, std::string_view method, const std::string& target,
+                        std::string_view body, double timeout_s, const AnswerCap& cap) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  try {
+    return http.request(method, target, body, timeout, std::max<size_t>(cap.bytes, 1));
+  } catch (const net::NetError& e) {
+    // An untrusted certificate does not heal by retrying: stop and say what to do.
+    if (e.kind() == net::NetError::Kind::Tls &&
+        std::string_view(e.what()).find("verify") != std::string_view::npos) {
+      throw CloudError(CloudError::Kind::Fatal,
+                       std::string(e.what()) +
+                           " (pass --ca-file with the server's CA, or --insecure for a "
+                           "self-signed test certificate)");
+    }
+    throw CloudError(CloudError::Kind::Unavailable, e.what());
+  }
+}
+
+json parse_json(std::string_view body, const AnswerCap& cap) {
+  if (!json_shape_error(body, kMaxJsonDepth, cap.max_values()).empty()) {
+    return json(json::value_t::discarded);
+  }
   return json::parse(body, nullptr, false);
 }
 
-json parse_answer(const net::HttpResponse& response, const std::string& what) {
-  if (const std::string deep = json_depth_error(response.body); !deep.empty()) {
+json parse_answer(const net::HttpResponse& response, const std::string& what,
+                  const AnswerCap& cap) {
+  const std::string shape = json_shape_error(response.body, kMaxJsonDepth, cap.max_values());
+  if (!shape.empty()) {
     throw malformed(what, "the answer (HTTP " + std::to_string(response.status) + ", " +
-                              std::to_string(response.body.size()) + " bytes): " + deep);
+                              std::to_string(response.body.size()) + " bytes): " + shape);
   }
   json j = json::parse(response.body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
@@ -228,6 +262,18 @@ std::vector<TokenId> token_field(const json& object, const char* name, const std
   return token_array(*it, name, what, n_vocab, max_count);
 }
 
+float number_field(const json& object, const char* name, const std::string& what) {
+  const auto it = object.find(name);
+  if (it == object.end()) throw malformed(what, "the answer has no '" + std::string(name) + "'");
+  const double d = it->is_number() ? it->get<double>() : NAN;
+  if (!std::isfinite(d)) {
+    throw malformed(what,
+                    "'" + std::string(name) + "' is " + a_kind(*it) + ", expected a finite number");
+  }
+  constexpr double kMax = std::numeric_limits<float>::max();
+  return static_cast<float>(std::clamp(d, -kMax, kMax));  // in range: no UB
+}
+
 std::vector<float> number_array(const json& value, const std::string& field,
                                 const std::string& what, size_t count) {
   if (!value.is_array() || value.size() != count) {
@@ -259,6 +305,17 @@ std::optional<int64_t> token_id_number(std::string_view text) {
   const auto [stop, ec] = std::from_chars(text.data() + kPrefix.size(), end, id);
   if (ec != std::errc() || stop != end) return std::nullopt;
   return id;
+}
+
+std::optional<TokenId> vocab_id(std::string_view digits, int n_vocab) {
+  if (digits.empty() || digits.size() > 10 ||
+      digits.find_first_not_of("0123456789") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  int64_t id = 0;
+  std::from_chars(digits.data(), digits.data() + digits.size(), id);  // <= 10 digits: fits
+  if (id >= n_vocab) return std::nullopt;
+  return static_cast<TokenId>(id);
 }
 
 json completions_by_ids(const std::vector<TokenId>& prompt, int max_tokens, int logprobs) {

@@ -30,6 +30,8 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 
 constexpr const char* kSessions = "/tandem/v1/sessions";
+// A session's answer lists at most this many end-of-generation ids.
+constexpr size_t kMaxEogTokens = 4096;
 // Connections for chained steps: a sync and two consultations in flight at once, which is what
 // a server's session queue holds (one running, max_queued_steps = 2 waiting).
 constexpr int kLanes = 3;
@@ -80,7 +82,8 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   void close() noexcept override {
     if (session_.empty()) return;
     try {
-      http_.request("DELETE", kSessions + ("/" + session_), "", milliseconds(1000));
+      http_.request("DELETE", kSessions + ("/" + session_), "", milliseconds(1000),
+                    cloud::kAnswerFixedBytes);
     } catch (...) {
     }
     drop_session();
@@ -160,8 +163,9 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   std::optional<CloudStepResult> run_chained(int lane, const ChainedStep& step) override {
     return cloud::only_cloud_errors("cloud step", [&]() -> std::optional<CloudStepResult> {
       const std::string what = "cloud step at position " + std::to_string(step.from);
-      const net::HttpResponse r = send_on(*lanes_.at(static_cast<size_t>(lane)), "POST",
-                                          kSessions + ("/" + step.session + "/step"), step.body);
+      const net::HttpResponse r = cloud::fetch(*lanes_.at(static_cast<size_t>(lane)), "POST",
+                                               kSessions + ("/" + step.session + "/step"),
+                                               step.body, options_.timeout_s, step_cap(step.op));
       if (r.status == 409 || r.status == 410) return std::nullopt;
       if (r.status != 200) throw cloud::status_error(r, what);
       CloudStepResult out = parse_step(r, what, step.op, step.history.size());
@@ -208,7 +212,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       net::HttpResponse r;
       try {
         r = send("POST", kSessions + ("/" + session_ + "/step"),
-                 step_body(history, op, mirror_.size(), rewind_pending_).dump());
+                 step_body(history, op, mirror_.size(), rewind_pending_).dump(), step_cap(op));
       } catch (const CloudError&) {
         // Unknown outcome: the server applied all of the step or none of it.
         mirror_.assign(history.begin(), history.end());
@@ -216,7 +220,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       }
       if (r.status == 200) return accept_step(r, what, op, history);
       if (r.status == 409) {
-        resend_or_replay(r, history, what);
+        resend_or_replay(r, history, what, step_cap(op));
         continue;
       }
       if (r.status == 410) {
@@ -304,9 +308,9 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   // it can resend from, and otherwise (no position, or one past what the edge knows) replays
   // into a new session.
   void resend_or_replay(const net::HttpResponse& r, std::span<const TokenId> history,
-                        const std::string& what) {
+                        const std::string& what, const cloud::AnswerCap& cap) {
     static const json empty = json::object();
-    const json j = cloud::parse_json(r.body);
+    const json j = cloud::parse_json(r.body, cap);
     const json& top = j.is_object() ? j : empty;
     const auto e_it = top.find("error");
     const json& e = e_it != top.end() && e_it->is_object() ? *e_it : top;
@@ -378,33 +382,36 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     rewind_pending_ = false;
   }
 
-  net::HttpResponse send(const char* method, const std::string& target, const std::string& body) {
-    return send_on(http_, method, target, body);
+  net::HttpResponse send(const char* method, const std::string& target, const std::string& body,
+                         const cloud::AnswerCap& cap) {
+    return cloud::fetch(http_, method, target, body, options_.timeout_s, cap);
   }
-  net::HttpResponse send_on(net::HttpClient& http, const char* method, const std::string& target,
-                            const std::string& body) const {
-    try {
-      return http.request(method, target, body,
-                          milliseconds(static_cast<long>(options_.timeout_s * 1000)));
-    } catch (const net::NetError& e) {
-      // An untrusted certificate does not heal by retrying: stop and say what to do.
-      if (e.kind() == net::NetError::Kind::Tls &&
-          std::string_view(e.what()).find("verify") != std::string_view::npos) {
-        throw CloudError(CloudError::Kind::Fatal,
-                         std::string(e.what()) +
-                             " (pass --ca-file with the server's CA, or --insecure for a "
-                             "self-signed test certificate)");
-      }
-      throw CloudError(CloudError::Kind::Unavailable, e.what());
-    }
+
+  // The most tokens a step's answer may carry: none for a sync, n for a generate, the drafts
+  // plus the correction for a verify.
+  static size_t answer_tokens(const CloudOp& op) {
+    if (op.kind == CloudOpKind::Generate) return static_cast<size_t>(std::max(0, op.n_generate));
+    if (op.kind == CloudOpKind::Verify) return op.draft.size() + 1;
+    return 0;
+  }
+  // A step's answer: kAnswerFixedBytes + answer_tokens(op) x kNativeTokenBytes.
+  cloud::AnswerCap step_cap(const CloudOp& op) const {
+    return cloud::answer_cap(options_.max_answer_bytes,
+                             {{answer_tokens(op), cloud::kNativeTokenBytes}});
+  }
+  // A session's answer: kAnswerFixedBytes + kMaxEogTokens x kNativeTokenBytes.
+  cloud::AnswerCap session_cap() const {
+    return cloud::answer_cap(options_.max_answer_bytes,
+                             {{kMaxEogTokens, cloud::kNativeTokenBytes}});
   }
 
   void open_session() {
     drop_session();
-    const net::HttpResponse r = send("POST", kSessions, R"({"protocol":1})");
+    const cloud::AnswerCap cap = session_cap();
+    const net::HttpResponse r = send("POST", kSessions, R"({"protocol":1})", cap);
     const std::string what = "creating a cloud session at " + http_.url().origin();
     if (r.status != 201 && r.status != 200) throw cloud::status_error(r, what);
-    const json j = cloud::parse_answer(r, what);
+    const json j = cloud::parse_answer(r, what, cap);
     const json& m = cloud::object_field(j, "model", what);
     CloudModelInfo info;
     info.name = cloud::excerpt(cloud::string_field_or(m, "name", what, 1024, ""), 128);
@@ -448,7 +455,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     const int n = edge_n_vocab_;
     info.bos = static_cast<TokenId>(cloud::int_field_or(m, "bos", what, -1, n - 1, -1));
     info.eos = static_cast<TokenId>(cloud::int_field_or(m, "eos", what, -1, n - 1, -1));
-    if (cloud::has(m, "eog")) info.eog = cloud::token_field(m, "eog", what, n, 4096);
+    if (cloud::has(m, "eog")) info.eog = cloud::token_field(m, "eog", what, n, kMaxEogTokens);
     if (cloud::has(j, "limits")) {
       const json& l = cloud::object_field(j, "limits", what);
       info.n_ctx = static_cast<int>(cloud::int_field_or(l, "n_ctx", what, 0, INT_MAX, 0));
@@ -472,11 +479,8 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   // range, every token in the vocabulary, as many tokens as the operation can give.
   CloudStepResult parse_step(const net::HttpResponse& r, const std::string& what, const CloudOp& op,
                              size_t history_size) {
-    const json j = cloud::parse_answer(r, what);
-    const size_t max_tokens = op.kind == CloudOpKind::Sync ? 0
-                              : op.kind == CloudOpKind::Generate
-                                  ? static_cast<size_t>(op.n_generate)
-                                  : op.draft.size() + 1;
+    const json j = cloud::parse_answer(r, what, step_cap(op));
+    const size_t max_tokens = answer_tokens(op);
     CloudStepResult out;
     out.pos = static_cast<int>(cloud::int_field(j, "pos", what, 0, INT_MAX));
     if (cloud::has(j, "tokens")) {

@@ -18,7 +18,6 @@ namespace tandem {
 namespace {
 
 using nlohmann::json;
-using std::chrono::milliseconds;
 
 enum class Dialect { OpenAi, SgLang, LlamaCpp };
 
@@ -73,9 +72,11 @@ class StatelessBackend : public CloudBackend {
 
   std::string first_model_name() {
     const std::string what = "listing the cloud's models (GET /v1/models)";
-    const net::HttpResponse r = send("GET", "/v1/models", "");
+    // The list is the server's to size, not the request's: a fixed cap.
+    const cloud::AnswerCap cap{std::min(cloud::kModelListBytes, options_.max_answer_bytes)};
+    const net::HttpResponse r = send("GET", "/v1/models", "", cap);
     if (r.status != 200) throw cloud::status_error(r, what);
-    const json j = cloud::parse_answer(r, what);
+    const json j = cloud::parse_answer(r, what, cap);
     const auto data = j.find("data");
     if (data == j.end() || !data->is_array() || data->empty() || !(*data)[0].is_object()) {
       throw cloud::malformed(what, "expected 'data' to be a non-empty array of models");
@@ -88,12 +89,15 @@ class StatelessBackend : public CloudBackend {
   void check_vocabulary(CloudModelInfo& info) {
     const std::string what = "POST /tokenize";
     const std::string probe = "Hello world, 12345!";
-    const net::HttpResponse r =
-        send("POST", "/tokenize",
-             json{{"content", probe}, {"add_special", false}, {"parse_special", false}}.dump());
+    // At most 4 tokens a byte of the probe, each with its piece where the server adds them.
+    const cloud::AnswerCap cap = cloud::answer_cap(
+        options_.max_answer_bytes, {{4 * probe.size(), cloud::kCompletionTokenBytes}});
+    const net::HttpResponse r = send(
+        "POST", "/tokenize",
+        json{{"content", probe}, {"add_special", false}, {"parse_special", false}}.dump(), cap);
     if (r.status == 401 || r.status == 403) throw cloud::status_error(r, what);
     if (r.status != 200) return;
-    const json j = cloud::parse_answer(r, what);
+    const json j = cloud::parse_answer(r, what, cap);
     const std::string edge_hash = edge_.info().vocab_hash;
     if (cloud::has(j, "vocab_hash")) {
       info.vocab_hash = cloud::string_field(j, "vocab_hash", what, 64);
@@ -213,9 +217,10 @@ class StatelessBackend : public CloudBackend {
         break;
     }
     const std::string what = "POST " + path;
-    const net::HttpResponse r = send("POST", path, body.dump());
+    const cloud::AnswerCap cap = generate_cap(prompt.size(), n);
+    const net::HttpResponse r = send("POST", path, body.dump(), cap);
     if (r.status != 200) throw cloud::status_error(r, what);
-    const json j = cloud::parse_answer(r, what);
+    const json j = cloud::parse_answer(r, what, cap);
     switch (dialect_) {
       case Dialect::OpenAi:
         return read_openai(j, what, n, eog);
@@ -285,13 +290,18 @@ class StatelessBackend : public CloudBackend {
     return ids;
   }
 
-  net::HttpResponse send(const char* method, const std::string& target, const std::string& body) {
-    try {
-      return http_.request(method, target, body,
-                           milliseconds(static_cast<long>(options_.timeout_s * 1000)));
-    } catch (const net::NetError& e) {
-      throw CloudError(CloudError::Kind::Unavailable, e.what());
-    }
+  // A completion's answer: kAnswerFixedBytes + n x kCompletionTokenBytes, and for llama.cpp,
+  // whose /completion echoes the prompt as text, + prompt x kPromptEchoTokenBytes.
+  cloud::AnswerCap generate_cap(size_t prompt, int n) const {
+    const size_t echoed = dialect_ == Dialect::LlamaCpp ? prompt : 0;
+    return cloud::answer_cap(options_.max_answer_bytes,
+                             {{static_cast<size_t>(std::max(n, 0)), cloud::kCompletionTokenBytes},
+                              {echoed, cloud::kPromptEchoTokenBytes}});
+  }
+
+  net::HttpResponse send(const char* method, const std::string& target, const std::string& body,
+                         const cloud::AnswerCap& cap) {
+    return cloud::fetch(http_, method, target, body, options_.timeout_s, cap);
   }
 
   Dialect dialect_;

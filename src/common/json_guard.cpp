@@ -2,7 +2,7 @@
 
 namespace tandem {
 
-JsonShape scan_json_shape(std::string_view text, int max_depth) {
+JsonShape scan_json_shape(std::string_view text, int max_depth, size_t max_values) {
   JsonShape shape;
   int depth = 0;
   bool in_string = false;
@@ -28,6 +28,12 @@ JsonShape scan_json_shape(std::string_view text, int max_depth) {
           shape.too_deep = true;
           return shape;
         }
+        [[fallthrough]];
+      case ',':
+        if (++shape.values > max_values) {
+          shape.too_many = true;
+          return shape;
+        }
         break;
       case ']':
       case '}':
@@ -41,10 +47,17 @@ JsonShape scan_json_shape(std::string_view text, int max_depth) {
 }
 
 std::string json_depth_error(std::string_view text, int max_depth, std::string_view what) {
-  if (!scan_json_shape(text, max_depth).too_deep) return {};
+  return json_shape_error(text, max_depth, SIZE_MAX, what);
+}
+
+std::string json_shape_error(std::string_view text, int max_depth, size_t max_values,
+                             std::string_view what) {
+  const JsonShape shape = scan_json_shape(text, max_depth, max_values);
+  if (!shape.too_deep && !shape.too_many) return {};
   std::string msg(what);
   if (!msg.empty()) msg += ": ";
-  msg += "the JSON nests deeper than " + std::to_string(max_depth) + " levels";
+  msg += shape.too_deep ? "the JSON nests deeper than " + std::to_string(max_depth) + " levels"
+                        : "the JSON holds more than " + std::to_string(max_values) + " values";
   return msg;
 }
 

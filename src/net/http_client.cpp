@@ -420,7 +420,10 @@ size_t HttpClient::Impl::read(http::response_parser<http::string_body>& parser,
 // reused connection that fails before any answer byte (the server closed it while idle) is
 // retried once on a fresh one; every other failure throws NetError (fail closes the connection).
 HttpResponse HttpClient::request(std::string_view method, std::string_view target,
-                                 std::string_view body, std::chrono::milliseconds timeout) {
+                                 std::string_view body, std::chrono::milliseconds timeout,
+                                 size_t max_body_bytes) {
+  const size_t body_cap = max_body_bytes == 0 ? options_.max_body_bytes
+                                              : std::min(max_body_bytes, options_.max_body_bytes);
   const http::verb verb = http::string_to_verb(beast::string_view(method.data(), method.size()));
   if (verb == http::verb::unknown) {
     throw std::invalid_argument("HTTP method '" + std::string(method) + "' is unknown");
@@ -458,7 +461,7 @@ HttpResponse HttpClient::request(std::string_view method, std::string_view targe
     }
 
     http::response_parser<http::string_body> parser;
-    parser.body_limit(options_.max_body_bytes);
+    parser.body_limit(body_cap);
     const size_t read = impl_->read(parser, ec);
     bytes_received_ += read;
     if (ec) {
@@ -467,9 +470,8 @@ HttpResponse HttpClient::request(std::string_view method, std::string_view targe
         continue;
       }
       if (ec == http::error::body_limit) {
-        throw fail(
-            NetError::Kind::Protocol,
-            "the answer's body is over " + std::to_string(options_.max_body_bytes) + " bytes");
+        throw fail(NetError::Kind::Protocol,
+                   "the answer's body is over " + std::to_string(body_cap) + " bytes");
       }
       const bool truncated = ec == http::error::partial_message || read > 0;
       throw fail(kind_of(ec), std::string(truncated ? "the answer was cut short: "

@@ -86,8 +86,11 @@ class HttpClient {
   // Sends METHOD prefix+target with a JSON body (empty: none) and reads the whole answer, all
   // within `timeout` (connect included). Reuses the keep-alive connection; when a reused
   // connection turns out to be closed by the server before it answered, reconnects once.
+  // `max_body_bytes` (0: HttpOptions::max_body_bytes; never more than it) caps this answer's
+  // body: a Content-Length over it fails from the header, a chunked body as soon as it grows
+  // past it (NetError::Protocol), so no more than the cap is ever buffered.
   HttpResponse request(std::string_view method, std::string_view target, std::string_view body,
-                       std::chrono::milliseconds timeout);
+                       std::chrono::milliseconds timeout, size_t max_body_bytes = 0);
 
   // Fails the request in flight (from any thread) and every later one with NetError::Aborted.
   void abort();

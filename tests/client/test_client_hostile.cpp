@@ -2,8 +2,10 @@
 // sockets) that answers sessions and steps the way a broken or malicious cloud could -- 100,000
 // nested arrays, huge or nested error messages, absurd Retry-After values, fields of the wrong
 // type, token ids outside the vocabulary, lengths and positions that do not add up, a body over
-// the size limit. Each time the backend throws a CloudError (nothing else), and the edge decoder
-// in route mode still returns the whole answer, decoded locally, with every fallback counted.
+// the size limit, a 60 MiB shallow flood. Each time the backend throws a CloudError (nothing
+// else), and the edge decoder in route mode still returns the whole answer, decoded locally, with
+// every fallback counted. MaliciousCloudCli runs `tandem run` and `tandem router collect` against
+// such a cloud and bounds their exit, their stderr and their peak memory.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -12,12 +14,15 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "client/cloud_answer.h"
+#include "common/run_tandem.h"
 #include "common/testdata.h"
 #include "net/http_client.h"
 #include "tandem/client.h"
@@ -82,9 +87,25 @@ class HonestSession {
   int n_vocab_;
 };
 
+// What the fake cloud sends: a whole answer, or a flood too big to hold in the test -- the
+// shallow document {"data":[{},{},...]} of exactly `flood_bytes` bytes (a 200 answer, with a
+// Content-Length or chunked), written in 64 KiB pieces until the client hangs up.
+struct Reply {
+  std::string whole;
+  size_t flood_bytes = 0;
+  bool chunked = false;
+  Reply(std::string text) : whole(std::move(text)) {}  // NOLINT: every script returns text
+  static Reply flood(size_t bytes, bool chunked) {
+    Reply r("");
+    r.flood_bytes = bytes;
+    r.chunked = chunked;
+    return r;
+  }
+};
+
 class FakeCloud {
  public:
-  using Script = std::function<std::string(const Exchange&)>;
+  using Script = std::function<Reply(const Exchange&)>;
 
   explicit FakeCloud(Script script) : script_(std::move(script)) {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
@@ -156,17 +177,49 @@ class FakeCloud {
     return true;
   }
 
+  static bool send_all(int fd, std::string_view out) {
+    for (size_t sent = 0; sent < out.size();) {
+      const ssize_t n = send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  // {"data":[ then "{}," repeated, then {}]}: `bytes` in all (rounded down to fit), in pieces.
+  static bool send_flood(int fd, size_t bytes, bool chunked) {
+    const std::string head = "{\"data\":[", tail = "{}]}";
+    const size_t repeats = (bytes - head.size() - tail.size()) / 3;
+    const size_t total = head.size() + 3 * repeats + tail.size();
+    std::string out = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n";
+    out += chunked ? "Transfer-Encoding: chunked\r\n\r\n"
+                   : "Content-Length: " + std::to_string(total) + "\r\n\r\n";
+    auto piece = [&](std::string_view p) {
+      if (!chunked) return send_all(fd, p);
+      char size[32];
+      std::snprintf(size, sizeof size, "%zx\r\n", p.size());
+      return send_all(fd, size) && send_all(fd, p) && send_all(fd, "\r\n");
+    };
+    if (!send_all(fd, out) || !piece(head)) return false;
+    std::string middle;
+    for (int i = 0; i < 21845; ++i) middle += "{},";
+    for (size_t left = repeats; left > 0;) {
+      const size_t n = std::min<size_t>(left, 21845);
+      if (!piece(std::string_view(middle).substr(0, 3 * n))) return false;
+      left -= n;
+    }
+    return piece(tail) && (!chunked || send_all(fd, "0\r\n\r\n"));
+  }
+
   void serve(int fd) {
     std::string in;
     Exchange ex;
     while (!stop_ && read_request(fd, in, ex)) {
       ++requests_;
-      const std::string out = script_(ex);
-      for (size_t sent = 0; sent < out.size();) {
-        const ssize_t n = send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-        if (n <= 0) return;
-        sent += static_cast<size_t>(n);
-      }
+      const Reply out = script_(ex);
+      const bool ok = out.flood_bytes > 0 ? send_flood(fd, out.flood_bytes, out.chunked)
+                                          : send_all(fd, out.whole);
+      if (!ok) return;
     }
   }
 
@@ -185,6 +238,9 @@ class FakeCloud {
 std::string nested_arrays(int depth) {
   return std::string(depth, '[') + std::string(depth, ']');
 }
+// Deep, yet under the smallest answer cap (cloud::kAnswerFixedBytes): the depth check, not the
+// cap, must refuse it.
+constexpr int kDeep = 30000;
 
 // An answer whose body is `body` with status `status`, for one kind of request only; everything
 // else is answered honestly.
@@ -311,8 +367,8 @@ TEST_F(HostileCloudTest, HonestFakeCloudIsUsed) {
 }
 
 TEST_F(HostileCloudTest, DeeplyNestedAnswersAreRefusedBeforeParsing) {
-  const std::string deep = nested_arrays(100000);
-  const std::string deep_object = "{\"error\":" + nested_arrays(100000) + "}";
+  const std::string deep = nested_arrays(kDeep);
+  const std::string deep_object = "{\"error\":" + nested_arrays(kDeep) + "}";
   struct Case {
     const char* label;
     FakeCloud::Script script;
@@ -332,7 +388,7 @@ TEST_F(HostileCloudTest, DeeplyNestedAnswersAreRefusedBeforeParsing) {
 }
 
 TEST_F(HostileCloudTest, ErrorMessagesAreCutAndNeverDumped) {
-  const std::string huge(1 << 20, 'A');
+  const std::string huge(32 << 10, 'A');  // under the cap: read, then cut
   const std::string nested_message =
       R"({"error":{"message":)" + nested_arrays(40) + R"(,"code":"x"}})";
   const std::string control = R"({"error":{"message":"bad\u0001\nline \u00e9"}})";
@@ -373,7 +429,9 @@ TEST(HostileCloudRows, RefusalsAreClassifiedAndQuotedAsExcerpts) {
   } cases[] = {
       {"wrong key", 401, R"({"error":{"message":"bad\u0001key"}})", CloudError::Kind::Fatal,
        "check --api-key"},
-      {"huge body", 500, std::string(1 << 20, 'A'), CloudError::Kind::Unavailable, "HTTP 500"},
+      {"huge body", 500, std::string(32 << 10, 'A'), CloudError::Kind::Unavailable, "HTTP 500"},
+      {"body over the cap", 500, std::string(1 << 20, 'A'), CloudError::Kind::Unavailable,
+       "over 66560 bytes"},  // 64 KiB + 4 prompt tokens x 1 entry x 256 B
       {"control bytes", 400, std::string("x\x1b[2J\x01", 6), CloudError::Kind::Rejected,
        "HTTP 400"},
   };
@@ -382,7 +440,7 @@ TEST(HostileCloudRows, RefusalsAreClassifiedAndQuotedAsExcerpts) {
     CloudOptions o;
     o.url = cloud.url();
     o.api = "openai";
-    HttpCloudRows rows(o);
+    HttpCloudRows rows(o, 32000);
     try {
       rows.rows({1, 2, 3, 4}, 1, 0);
       ADD_FAILURE() << c.label << ": no error";
@@ -596,13 +654,17 @@ TEST_F(HostileCloudTest, SpeculativeVerifyThatDoesNotAddUpFallsBack) {
 }
 
 TEST_F(HostileCloudTest, BodiesOverTheSizeLimitAreRefused) {
-  // A Content-Length over the default 64 MiB: refused from the header, before any body.
+  // A Content-Length over the step's cap (64 KiB + 2 tokens x 64 B for a generate of 2):
+  // refused from the header, before any body.
   {
     FakeCloud cloud([](const Exchange& ex) {
       if (!ex.is_step()) return honest_->answer(ex);
       return std::string("HTTP/1.1 200 OK\r\nContent-Length: 104857600\r\n\r\n{\"pos\":");
     });
-    expect_cloud_error(cloud, CloudError::Kind::Unavailable, "over 67108864 bytes", "100 MiB");
+    const size_t cap = cloud::answer_cap(64u << 20, {{2, cloud::kNativeTokenBytes}}).bytes;
+    EXPECT_EQ(cap, 65664u);
+    expect_cloud_error(cloud, CloudError::Kind::Unavailable,
+                       "over " + std::to_string(cap) + " bytes", "100 MiB");
     expect_local_fallback(cloud, "100 MiB");
   }
   // A chunked body that grows past a smaller configured limit.
@@ -644,7 +706,7 @@ TEST_F(HostileCloudTest, StatelessApisFallBackOnMalformedAnswers) {
       {"llamacpp", R"({"tokens":[)" + std::to_string(n_vocab) + "]}", "outside the vocabulary"},
       {"llamacpp", R"({"tokens":"7"})", "'tokens' is a string"},
       {"llamacpp", R"({"tokens":[7],"stop_type":[]})", "'stop_type' is an array"},
-      {"llamacpp", nested_arrays(100000), "nests deeper"},
+      {"llamacpp", nested_arrays(kDeep), "nests deeper"},
       {"sglang", R"({"output_ids":[7]})", "no 'meta_info'"},
       {"sglang", R"({"output_ids":[7,7,7,7,7,7,7,7,7],"meta_info":{}})", "more than the"},
       {"openai", R"({"choices":{}})", "'choices' to be a non-empty array"},
@@ -678,6 +740,278 @@ TEST_F(HostileCloudTest, StatelessApisFallBackOnMalformedAnswers) {
   });
   expect_cloud_error(probe, CloudError::Kind::Unavailable, "'vocab_hash' is an object", "probe",
                      "llamacpp");
+}
+
+// ---- a malicious cloud: sizes, and the CLI end to end ----
+
+TEST(AnswerCap, FollowsTheRequestWithinTheCeiling) {
+  using cloud::answer_cap;
+  EXPECT_EQ(answer_cap(64u << 20).bytes, cloud::kAnswerFixedBytes);
+  EXPECT_EQ(answer_cap(64u << 20, {{16, cloud::kCompletionTokenBytes}}).bytes, (64u + 16) << 10);
+  EXPECT_EQ(answer_cap(64u << 20, {{16, 64}, {100, 64}}).bytes, (64u << 10) + 116 * 64);
+  EXPECT_EQ(answer_cap(1000, {{16, 64}}).bytes, 1000u);              // the ceiling wins
+  EXPECT_EQ(answer_cap(SIZE_MAX, {{SIZE_MAX, 2}}).bytes, SIZE_MAX);  // saturates
+  EXPECT_EQ(answer_cap(64u << 20).max_values(), 4096u);
+}
+
+// The shallow flood of the issue, {"data":[{},{},...]} of 60 MiB (under the 64 MiB ceiling), on
+// every request of every API, with and without a Content-Length: refused at the request's cap
+// (from the header, or as the body passes it), a CloudError, and the decoder falls back.
+TEST_F(HostileCloudTest, ShallowFloodIsCutAtTheRequestsCap) {
+  for (const char* api : {"tandem", "openai", "sglang", "llamacpp"}) {
+    for (const bool chunked : {false, true}) {
+      FakeCloud cloud([chunked](const Exchange&) { return Reply::flood(60u << 20, chunked); });
+      const std::string label = std::string(api) + (chunked ? " chunked" : " content-length");
+      expect_cloud_error(cloud, CloudError::Kind::Unavailable, "bytes", label, api);
+      EdgeDecoder edge(*edge_, route_always(),
+                       make_cloud_backend(cloud_options(cloud, api), *edge_));
+      edge.start();
+      const EdgeResult r = edge.generate(prompt_, kN);
+      EXPECT_EQ(r.ids, local_) << label;
+      EXPECT_EQ(r.stats.cloud_tokens, 0) << label;
+      // Each refused answer was cut at its cap: far less than one flood crossed the network.
+      EXPECT_LT(r.stats.bytes_down, 16u << 20) << label;
+    }
+  }
+}
+
+// A document of many values in few bytes under a large cap is refused by its count of values
+// before the parser builds a tree (the tree would cost 27x the text).
+TEST_F(HostileCloudTest, ManyValuesAreRefusedBeforeParsing) {
+  std::string wide = R"({"pos":1,"x":[{})";
+  for (int i = 0; i < 20000; ++i) wide += ",{}";
+  wide += "]}";
+  FakeCloud cloud(on_step(*honest_, 200, wide));
+  expect_cloud_error(cloud, CloudError::Kind::Unavailable, "holds more than", "wide step");
+  expect_local_fallback(cloud, "wide step");
+}
+
+// HttpCloudRows (router collect, eval --task wikitext) reads prompt log-probabilities and
+// continuations with the same guards: ids checked against the vocabulary, values by type.
+TEST(HostileCloudRows, OutOfRangeAndWrongTypedRowsAreCloudErrors) {
+  constexpr int kVocab = 100;
+  const std::vector<TokenId> chunk = {1, 2, 3, 4};
+  // prompt_logprobs: null, then one row per later prompt token with the true token and `extra`.
+  auto rows_answer = [&](const json& extra) {
+    json pl = json::array({nullptr});
+    for (size_t i = 1; i < chunk.size(); ++i) {
+      json row = {{std::to_string(chunk[i]), {{"logprob", -1.0}, {"rank", 1}}}};
+      row.merge_patch(extra);
+      pl.push_back(row);
+    }
+    return json{{"choices", {{{"text", ""}, {"prompt_logprobs", pl}}}}}.dump();
+  };
+  struct Case {
+    const char* label;
+    std::string body;
+    const char* needle;
+  } cases[] = {
+      {"id at n_vocab", rows_answer({{"100", {{"logprob", -0.5}, {"rank", 2}}}}), "key '100'"},
+      {"negative id", rows_answer({{"-1", {{"logprob", -0.5}, {"rank", 2}}}}), "key '-1'"},
+      {"id with junk", rows_answer({{"7x", {{"logprob", -0.5}, {"rank", 2}}}}), "key '7x'"},
+      {"control key", rows_answer({{"\x1b[2J", {{"logprob", -0.5}}}}), "key '?[2J'"},
+      {"logprob a string", rows_answer({{"2", {{"logprob", "x"}}}, {"3", {{"logprob", "x"}}}}),
+       "'logprob' is a string"},
+      {"rank a float", rows_answer({{"9", {{"logprob", -0.5}, {"rank", 1.5}}}}), "'rank'"},
+      {"too many entries", rows_answer({{"9", {{"logprob", -0.5}}}, {"8", {{"logprob", -0.5}}}}),
+       "at most 2 entries"},
+      {"rows too short", json{{"choices", {{{"prompt_logprobs", {nullptr}}}}}}.dump(),
+       "'prompt_logprobs'"},
+      {"choices a string", R"({"choices":"x"})", "'choices'"},
+      {"deep", nested_arrays(kDeep), "nests deeper"},
+  };
+  for (auto& c : cases) {
+    FakeCloud cloud([&](const Exchange&) { return http_answer(200, c.body); });
+    CloudOptions o;
+    o.url = cloud.url();
+    o.api = "openai";
+    HttpCloudRows rows(o, kVocab);
+    try {
+      rows.rows(chunk, 0, 1);
+      ADD_FAILURE() << c.label << ": no error";
+    } catch (const CloudError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(c.needle), std::string::npos) << c.label << ": " << what;
+      EXPECT_EQ(what.find('\x1b'), std::string::npos) << c.label;
+    }
+  }
+  // Continuations: "token_id:N" with N in the vocabulary, no more than asked for.
+  for (const char* tokens : {R"(["token_id:100"])", R"(["token_id:-3"])", R"([7])",
+                             R"(["token_id:1","token_id:1","token_id:1"])", R"("x")"}) {
+    const std::string body =
+        std::string(R"({"choices":[{"text":"","logprobs":{"tokens":)") + tokens + "}}]}";
+    FakeCloud cloud([&](const Exchange&) { return http_answer(200, body); });
+    CloudOptions o;
+    o.url = cloud.url();
+    o.api = "openai";
+    HttpCloudRows rows(o, kVocab);
+    EXPECT_THROW(rows.continuation(chunk, 2), CloudError) << tokens;
+  }
+}
+
+// The CLI against a malicious cloud: `tandem run` (OpenAI and native APIs) and `tandem router
+// collect` as child processes. Each ends by exiting 0 (fell back to local decoding) or 1 with a
+// one-line reason -- never by a signal --, prints no control character the cloud sent, and
+// peaks within 128 MiB of a local run's resident set (both forked from this process).
+class MaliciousCloudCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                     ("tandem-malicious-" + std::to_string(getpid())));
+    std::filesystem::create_directories(*dir_);
+    const testing::Ran local = testing::run_tandem(run_args("local", "", ""), *dir_);
+    ASSERT_EQ(local.rc, 0) << local.err;
+    local_rss_kib_ = local.max_rss_kib;
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+
+  static std::string model() { return testing::testdata_path("models/synth-llama-Q4_0.gguf"); }
+  static std::vector<std::string> run_args(const std::string& mode, const std::string& api,
+                                           const std::string& url) {
+    std::vector<std::string> a = {"run", "-m",     model(),  "-p", "The quick brown fox",
+                                  "-n",  "8",      "--temp", "0",  "-t",
+                                  "1",   "--mode", mode};
+    if (!url.empty()) {
+      a.insert(a.end(),
+               {"--cloud", url, "--cloud-api", api, "--policy", "always", "--cloud-timeout", "5"});
+    }
+    return a;
+  }
+  static std::vector<std::string> collect_args(const std::string& url) {
+    return {"router",
+            "collect",
+            "-m",
+            model(),
+            "--data",
+            (testing::shared_dir() / "data").string(),
+            "--out",
+            (*dir_ / "t.trace").string(),
+            "--overwrite",
+            "--chunks",
+            "1",
+            "--chunk-tokens",
+            "32",
+            "-t",
+            "1",
+            "--cloud",
+            url,
+            "--cloud-timeout",
+            "5"};
+  }
+
+  // What every run against a malicious cloud must satisfy.
+  static void expect_contained(const testing::Ran& r, const std::string& label) {
+    EXPECT_EQ(r.signal, 0) << label << ": killed by signal " << r.signal;
+    EXPECT_TRUE(r.rc == 0 || r.rc == 1) << label << ": exit " << r.rc << "\n" << r.err;
+    if (r.rc == 1) {
+      // One line of reason: "error: ..." once, ending the output.
+      const size_t at = r.err.rfind("error: ");
+      ASSERT_NE(at, std::string::npos) << label << ": " << r.err;
+      EXPECT_EQ(r.err.find('\n', at), r.err.size() - 1) << label << ": " << r.err;
+      EXPECT_LT(r.err.size() - at, 2000u) << label;
+    }
+    for (const char c : r.err) {
+      const auto u = static_cast<unsigned char>(c);
+      EXPECT_FALSE((u < 0x20 && c != '\n') || u == 0x7f) << label << ": control byte " << int(u);
+    }
+    EXPECT_EQ(r.err.find("\xc2\x9b"), std::string::npos) << label << ": a C1 CSI";
+    EXPECT_LE(r.max_rss_kib, local_rss_kib_ + (128 << 10))
+        << label << ": peak " << r.max_rss_kib / 1024 << " MiB, local " << local_rss_kib_ / 1024
+        << " MiB";
+    std::fprintf(stderr, "[ rss ] %s: peak %ld MiB (local %ld MiB)\n", label.c_str(),
+                 r.max_rss_kib / 1024, local_rss_kib_ / 1024);
+  }
+
+  static inline std::filesystem::path* dir_ = nullptr;
+  static inline long local_rss_kib_ = 0;
+};
+
+// Every answer of the cloud, by API: a model list with a name full of terminal escapes, no
+// /tokenize, and `completion` (with `status`) for completions, sessions and steps.
+FakeCloud::Script every_answer(std::string completion, int status = 200) {
+  return [completion, status](const Exchange& ex) -> Reply {
+    if (ex.target == "/v1/models") {
+      return http_answer(200, R"({"data":[{"id":"m\u001b]0;pwned\u0007\u001b[2J\u009b31m"}]})");
+    }
+    if (ex.target == "/tokenize") return http_answer(404, "{}");
+    return http_answer(status, completion);
+  };
+}
+
+struct Attack {
+  const char* label;
+  FakeCloud::Script script;
+};
+
+// The issue's shallow flood on every request: 60 MiB, with a Content-Length and chunked; then
+// `more` attacks.
+std::vector<Attack> floods_and(std::vector<Attack> more) {
+  std::vector<Attack> all = {
+      {"60 MiB flood, content-length",
+       [](const Exchange&) { return Reply::flood(60u << 20, false); }},
+      {"60 MiB flood, chunked", [](const Exchange&) { return Reply::flood(60u << 20, true); }}};
+  all.insert(all.end(), more.begin(), more.end());
+  return all;
+}
+
+TEST_F(MaliciousCloudCli, RunFallsBackWithinMemory) {
+  const std::vector<Attack> attacks = floods_and({
+      {"deep", every_answer(nested_arrays(kDeep))},
+      {"wrong types", every_answer(R"({"choices":[{"text":5,"logprobs":[],"finish_reason":{}}]})")},
+      {"token id out of range",
+       every_answer(R"({"choices":[{"text":"","logprobs":{"tokens":["token_id:2147483647"]}}]})")},
+      {"negative token id",
+       every_answer(R"({"choices":[{"text":"","logprobs":{"tokens":["token_id:-1"]}}]})")},
+      {"control characters",
+       every_answer(R"({"error":{"message":"\u001b[2J\u001b]0;x\u0007gone\r\nfake: ok"}})", 500)},
+  });
+  for (const Attack& c : attacks) {
+    FakeCloud cloud(c.script);
+    for (const char* api : {"openai", "tandem"}) {
+      const std::string label = std::string(c.label) + " (" + api + ")";
+      const testing::Ran r = testing::run_tandem(run_args("route", api, cloud.url()), *dir_);
+      expect_contained(r, label);
+      EXPECT_EQ(r.rc, 0) << label << ": " << r.err;  // a cloud never stops a local answer
+    }
+  }
+}
+
+TEST_F(MaliciousCloudCli, RouterCollectStopsWithOneLine) {
+  // prompt_logprobs rows of the request's own prompt, each with the true token and `extra`.
+  auto rows = [](const json& extra) -> FakeCloud::Script {
+    return [extra](const Exchange& ex) -> Reply {
+      const json req = json::parse(ex.body, nullptr, false);
+      json pl = json::array({nullptr});
+      if (req.is_object() && req.contains("prompt")) {
+        for (size_t i = 1; i < req["prompt"].size(); ++i) {
+          json row = {{std::to_string(req["prompt"][i].get<int>()), {{"logprob", -1.0}}}};
+          row.merge_patch(extra);
+          pl.push_back(row);
+        }
+      }
+      return http_answer(200, json{{"choices", {{{"text", ""}, {"prompt_logprobs", pl}}}}}.dump());
+    };
+  };
+  const std::vector<Attack> attacks = floods_and({
+      {"deep", [](const Exchange&) -> Reply { return http_answer(200, nested_arrays(kDeep)); }},
+      {"wrong types", rows({{"1", {{"logprob", "high"}, {"rank", 1}}}})},
+      {"token id out of range", rows({{"2147483647", {{"logprob", -0.1}, {"rank", 1}}}})},
+      {"negative token id", rows({{"-7", {{"logprob", -0.1}, {"rank", 1}}}})},
+      {"control characters", rows({{"\x1b[2J\x07", {{"logprob", -0.1}, {"rank", 1}}}})},
+      {"control characters in an error",
+       [](const Exchange&) -> Reply {
+         return http_answer(500, R"({"error":{"message":"\u001b[2Jbad\u0007\r\nerror: fake"}})");
+       }},
+  });
+  for (const Attack& c : attacks) {
+    FakeCloud cloud(c.script);
+    const testing::Ran r = testing::run_tandem(collect_args(cloud.url()), *dir_);
+    expect_contained(r, c.label);
+    EXPECT_EQ(r.rc, 1) << c.label << ": " << r.err;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +16,11 @@
 namespace tandem::testing {
 
 struct Ran {
-  int rc = -1;
+  int rc = -1;     // the exit status; -1 when the child did not exit (a signal ended it)
+  int signal = 0;  // the signal that ended the child, 0 when it exited
+  // The child's peak resident set (ru_maxrss, KiB). Linux counts from the fork, so it is at
+  // least the test process's resident set at that moment: compare runs forked from one process.
+  long max_rss_kib = 0;
   std::string out, err;
 };
 
@@ -36,9 +41,12 @@ inline Ran run_tandem(const std::vector<std::string>& args, const std::filesyste
     _exit(127);
   }
   int status = 0;
-  waitpid(pid, &status, 0);
+  rusage usage{};
+  wait4(pid, &status, 0, &usage);
   Ran r;
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  r.max_rss_kib = usage.ru_maxrss;
   r.out = read_file(out.string());
   r.err = read_file(err.string());
   return r;

@@ -45,5 +45,29 @@ TEST(JsonGuard, UnbalancedOrTruncatedTextNeverFails) {
   EXPECT_EQ(scan_json_shape("[[[").depth, 3);
 }
 
+TEST(JsonGuard, CountsAnUpperBoundOfTheValues) {
+  EXPECT_EQ(scan_json_shape("1").values, 1u);
+  EXPECT_EQ(scan_json_shape("[]").values, 2u);       // the array and a possible first value
+  EXPECT_EQ(scan_json_shape("[1,2,3]").values, 4u);  // at least the 4 values
+  EXPECT_EQ(scan_json_shape(R"({"a":1,"b":[2]})").values, 4u);
+  EXPECT_EQ(scan_json_shape(R"(["a,b,c", "[,]"])").values, 3u);  // commas in strings: text
+}
+
+TEST(JsonGuard, StopsAtTheFirstValueOverTheLimit) {
+  // The shallow attack: {"data":[{},{},...]} builds ~80 bytes of tree per 3 bytes of text.
+  std::string wide = R"({"data":[{})";
+  for (int i = 0; i < 100000; ++i) wide += ",{}";
+  wide += "]}";
+  const JsonShape s = scan_json_shape(wide, 64, 4096);
+  EXPECT_TRUE(s.too_many);
+  EXPECT_FALSE(s.too_deep);
+  EXPECT_EQ(s.values, 4097u);
+  EXPECT_FALSE(scan_json_shape(wide, 64, 300000).too_many);
+  EXPECT_EQ(json_shape_error(wide, 64, 4096, "the answer"),
+            "the answer: the JSON holds more than 4096 values");
+  EXPECT_EQ(json_shape_error("[[[[1]]]]", 3, 4096), "the JSON nests deeper than 3 levels");
+  EXPECT_EQ(json_shape_error("[1,2]", 64, 4096), "");
+}
+
 }  // namespace
 }  // namespace tandem
