@@ -11,7 +11,8 @@
 #     csqa     CommonsenseQA dev, all 1,221 items: local, cloud, route at $RATES for the shipped
 #              router and for $POLICIES                                  -> $OUT/csqa-dev
 # Env: TANDEM_BUILD (default build), OUT (default eval-out/qwen), THREADS (default 2; the cloud
-# gets the same), RATES (default 0.07), POLICIES (default confidence).
+# gets the same), RATES (default 0.07), POLICIES (default confidence), MODES (csqa; default
+# local,cloud,route: a run already in the out folder is kept, so the stage may be split).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${TANDEM_BUILD:-$ROOT/build}
@@ -19,6 +20,7 @@ OUT=${OUT:-$ROOT/eval-out/qwen}
 T=${THREADS:-2}
 RATES=${RATES:-0.07}
 POLICIES=${POLICIES:-confidence}
+MODES=${MODES:-local,cloud,route}
 STAGES=("$@")
 [[ ${#STAGES[@]} -gt 0 ]] || STAGES=(choose csqa)
 mapfile -t PAIR < <("$ROOT/scripts/make_pair.sh" qwen)
@@ -49,7 +51,7 @@ for stage in "${STAGES[@]}"; do
         --policy confidence --rates 0.07 --router "$ROUTER@0.07"
       ;;
     csqa)
-      qwen_eval csqa "$OUT/csqa-dev" --modes local,cloud,route --policy "$POLICIES" \
+      qwen_eval csqa "$OUT/csqa-dev" --modes "$MODES" --policy "$POLICIES" \
         --rates "$RATES" --router "$ROUTER@$RATES"
       ;;
     *)
