@@ -3,7 +3,7 @@
 //   auto small = tandem::Model::load("edge.gguf");
 //   tandem::CloudOptions cloud{.url = "http://127.0.0.1:8080"};
 //   tandem::EdgeOptions opts;  opts.mode = tandem::EdgeMode::Route;
-//   opts.router = tandem::parse_router_policy("confidence");
+//   tandem::resolve_routing({"confidence"}, *small, "edge.gguf", opts);  // tandem/routing.h
 //   tandem::EdgeDecoder edge(*small, opts, tandem::make_cloud_backend(cloud, *small));
 //   edge.start();                                   // opens the cloud session, checks vocabularies
 //   tandem::EdgeResult r = edge.generate(prompt_ids, 128, on_token);
@@ -200,6 +200,45 @@ struct EdgeStats {
   std::string last_cloud_error;
 };
 
+// The one list of EdgeStats' fields, in the order `run --json` prints them: calls
+// visit(name, s.field...) for each field, with that field of every `stats` given (one for
+// printing, two for adding up; gemma.cpp's VisitFields idea). A new field is added here once
+// and run, eval and the browser view all carry it.
+template <class Visit, class... Stats>
+void visit_edge_stats(Visit&& visit, Stats&... s) {
+  visit("tokens", s.tokens...);
+  visit("cloud_tokens", s.cloud_tokens...);
+  visit("cloud_share", s.cloud_share...);
+  visit("route_events", s.route_events...);
+  visit("bytes_up", s.bytes_up...);
+  visit("bytes_down", s.bytes_down...);
+  visit("cloud_ms", s.cloud_ms...);
+  visit("wait_ms", s.wait_ms...);
+  visit("local_ms", s.local_ms...);
+  visit("ttft_ms", s.ttft_ms...);
+  visit("tok_s", s.tok_s...);
+  visit("fallbacks", s.fallbacks...);
+  visit("replays", s.replays...);
+  visit("accepted_drafts", s.accepted_drafts...);
+  visit("drafted", s.drafted...);
+  visit("prefilled_on_route", s.prefilled_on_route...);
+  visit("sync_steps", s.sync_steps...);
+  visit("sync_failures", s.sync_failures...);
+  visit("cloud_failures", s.cloud_failures...);
+  visit("route_confirmed", s.route_confirmed...);
+  visit("route_changed", s.route_changed...);
+  visit("wasted_tokens", s.wasted_tokens...);
+  visit("chained_steps", s.chained_steps...);
+  visit("cloud_lost", s.cloud_lost...);
+  visit("total_ms", s.total_ms...);
+  visit("last_cloud_error", s.last_cloud_error...);
+}
+
+// Adds one answer's stats to a session's totals (`run -i`): counts and times add up, the
+// shares and speed are recomputed, ttft is the first answer's, a lost cloud stays lost and the
+// last cloud error is the latest.
+void add_edge_stats(EdgeStats& total, const EdgeStats& one);
+
 struct EdgeToken {
   TokenId id = 0;
   TokenSource source = TokenSource::Local;
@@ -288,17 +327,5 @@ struct TrainedRouterInfo {
   std::string edge_name;      // that edge model's general.name
   std::string training_json;  // a summary of its training data and metrics
 };
-
-// The one way every command loads a trained router (`router train`'s GGUF) into EdgeOptions, so
-// that the same file makes the same decisions in `run`, `ui`, `eval` and the log-likelihood
-// replay: the mlp policy; its threshold (`threshold`, else the calibration's for a 7% share);
-// when options.router.target_rate is already set, the controller's window seeded from the
-// calibration's score distribution (so the first tokens are routed at the trained rate); the
-// hidden state and top-k probabilities its features need (options.signal_hidden,
-// options.top_k_signal). Set the target rate and gain before calling. Throws tandem::Error
-// naming the file and what differs for another model's router or a damaged file.
-TrainedRouterInfo load_trained_router(const std::string& path, const Model& edge_model,
-                                      const std::string& edge_path, std::optional<double> threshold,
-                                      EdgeOptions& options);
 
 }  // namespace tandem

@@ -31,6 +31,25 @@ struct ItemRecord {
   int route_confirmed = 0, route_changed = 0, wasted_tokens = 0;
 };
 
+// ItemRecord's counts, in the order an items-RUN.jsonl line holds them: visit(name, field) for
+// each; the eval writes and reads its log through this one list.
+template <class Visit, class Record>  // Record: ItemRecord or const ItemRecord
+void visit_item_counts(Visit&& visit, Record& r) {
+  visit("tokens", r.tokens);
+  visit("cloud_tokens", r.cloud_tokens);
+  visit("generated", r.generated);
+  visit("generated_cloud", r.generated_cloud);
+  visit("route_events", r.route_events);
+  visit("fallbacks", r.fallbacks);
+  visit("bytes_up", r.bytes_up);
+  visit("bytes_down", r.bytes_down);
+  visit("ms", r.ms);
+  visit("wait_ms", r.wait_ms);
+  visit("route_confirmed", r.route_confirmed);
+  visit("route_changed", r.route_changed);
+  visit("wasted_tokens", r.wasted_tokens);
+}
+
 // Per run name, per item id.
 using RunRecords = std::map<std::string, std::map<std::string, ItemRecord>>;
 

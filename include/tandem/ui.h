@@ -19,6 +19,7 @@
 #include "tandem/client.h"
 #include "tandem/engine.h"
 #include "tandem/http_server.h"
+#include "tandem/routing.h"
 
 namespace tandem::ui {
 
@@ -33,7 +34,8 @@ struct UiLimits {
 struct GenerateRequest {
   std::string prompt;
   EdgeMode mode = EdgeMode::Route;
-  RouterConfig router;
+  RoutingSpec routing;  // as asked: the command line's, changed by the page's fields
+  RouterConfig router;  // resolve_routing(routing), by the UiServer
   int n_predict = 64;
   float temp = 0;
   bool continue_conversation = false;
@@ -50,7 +52,8 @@ struct UiOptions {
   GenerateRequest defaults;
   UiLimits limits;
   std::string model_name, cloud_url, cloud_api;
-  std::string system;  // the system message of a chat's first turn (empty: none)
+  std::string model_path;  // the edge model's file (a trained router is checked against it)
+  std::string system;      // the system message of a chat's first turn (empty: none)
   // Where the page is served: the allowed Host and Origin values follow from these (set_address
   // replaces them once the listening port is known, e.g. with --port 0).
   std::string bind_host = "127.0.0.1";
@@ -97,6 +100,8 @@ class UiServer {
   // Makes the decoder for the request's settings, reusing the last one when they are the same
   // (its cloud session and target-rate controller carry over). Returns the cloud line.
   std::string prepare_decoder(const GenerateRequest& request);
+  // resolve_routing of `spec` over the command line's options; throws tandem::Error.
+  RouterConfig resolved_router(const RoutingSpec& spec) const;
   void publish(Turn& turn, nlohmann::json event);
 
   const Model& model_;

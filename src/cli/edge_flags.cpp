@@ -58,8 +58,7 @@ void add_policy_flags(CLI::App& sub, EdgeFlags& f) {
       sub.add_option("--policy", f.policy,
                      "Router: confidence | entropy | margin | random:RATE[:SEED] | always | never "
                      "(default: the router that ships for the device model of a known pair, "
-                     "docs/router.md; else confidence)")
-          ->capture_default_str();
+                     "docs/router.md; else confidence)");
   sub.add_option("--router", f.router_file,
                  "Trained router (GGUF, `tandem router train`) instead of --policy; "
                  "--target-rate starts from its calibration table, --threshold is its score");
@@ -152,13 +151,14 @@ void EdgeFlags::resolve(const CloudOptions& cloud) {
   options.cloud_timeout_s = cloud.timeout_s;
   try {
     options.mode = parse_edge_mode(mode);
-    options.router = parse_router_policy(policy);
   } catch (const std::invalid_argument& e) {
     throw Error(e.what());
   }
-  if (threshold) options.router.threshold = *threshold;
-  if (target_rate) options.router.target_rate = *target_rate;
-  options.router.rate_gain = target_gain;
+  check_routing(routing());
+}
+
+RoutingSpec EdgeFlags::routing() const {
+  return {policy, router_file, threshold, target_rate, target_gain, options.route_span};
 }
 
 void DeviceFlags::add_to(CLI::App& sub) {
@@ -198,8 +198,7 @@ void DeviceFlags::load_router(const Model& edge_model) {
                    edge.router_file.c_str());
     }
   }
-  if (edge.router_file.empty()) return;
-  load_trained_router(edge.router_file, edge_model, edge.model, edge.threshold, edge.options);
+  resolve_routing(edge.routing(), edge_model, edge.model, edge.options);
 }
 
 std::unique_ptr<CloudBackend> DeviceFlags::make_backend(const Model& edge_model) const {

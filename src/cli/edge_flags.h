@@ -27,6 +27,7 @@
 #include "cli/model_flag.h"
 #include "tandem/client.h"
 #include "tandem/eval_tasks.h"
+#include "tandem/routing.h"
 
 namespace tandem::cli {
 
@@ -62,7 +63,7 @@ struct EdgeFlags {
   std::string model;  // the file resolve() chose from model_flag
   ModelFlag model_flag;
   std::string mode = "route";
-  std::string policy = "confidence";
+  std::string policy;  // empty: confidence, or the --router file
   std::string router_file;
   std::optional<double> threshold, target_rate;
   double target_gain = kDefaultRateGain;
@@ -77,8 +78,12 @@ struct EdgeFlags {
   void add_to(CLI::App& sub, unsigned members = kAll);
   // Whether the command line chose how to route: --router, --policy or --threshold.
   bool routing_chosen() const;
-  // Fills `options` (mode, router, seed, sync-ahead, the cloud's timeout) and the model path's
-  // default from the flags; throws tandem::Error naming the flag for a bad mode or policy.
+  // What --policy, --router, --threshold, --target-rate, --target-gain and --route-span ask for.
+  RoutingSpec routing() const;
+  // Fills `options` (mode, seed, sync-ahead, the cloud's timeout) and the model path's default
+  // from the flags, and checks the routing flags (check_routing); throws tandem::Error naming
+  // the flag for a bad mode, or the rule the routing flags break. The router itself is made
+  // once the model is loaded (DeviceFlags::load_router).
   void resolve(const CloudOptions& cloud);
 };
 
@@ -91,10 +96,8 @@ struct DeviceFlags {
   // EdgeFlags::resolve, and the checks that need both groups: a mode other than local needs
   // --cloud; throws tandem::Error naming the flag.
   void resolve();
-  // --router R.gguf, once the small model is loaded: the trained (mlp) router, checked against
-  // that model (refused, naming what differs, when it was made for another); its threshold is
-  // --threshold, or the calibration's for a 7% cloud share, and --target-rate starts from the
-  // calibration's score distribution. In route mode with no routing chosen, the router that
+  // The router, once the small model is loaded: resolve_routing of the routing flags (a --router
+  // file checked against that model). In route mode with no routing chosen, the router that
   // ships for the device model of a known pair (shipped_router_for), said on stderr.
   void load_router(const Model& edge_model);
   // The cloud backend for --cloud (null in local mode); throws tandem::Error for a bad URL.

@@ -27,6 +27,7 @@
 #include "tandem/error.h"
 #include "tandem/eval_report.h"
 #include "tandem/eval_tasks.h"
+#include "tandem/routing.h"
 #include "tandem/sandbox.h"
 
 namespace tandem::cli {
@@ -143,19 +144,10 @@ std::map<std::string, ItemRecord> read_log(const fs::path& path, const json& for
     }
     r.correct = j.value("correct", false);
     if (j.contains("answer") && j["answer"].is_string()) r.answer = j["answer"].get<std::string>();
-    r.tokens = j.value("tokens", 0);
-    r.cloud_tokens = j.value("cloud_tokens", 0);
-    r.route_events = j.value("route_events", 0);
-    r.fallbacks = j.value("fallbacks", 0);
-    r.generated = j.value("generated", r.tokens);
-    r.generated_cloud = j.value("generated_cloud", r.cloud_tokens);
-    r.bytes_up = j.value("bytes_up", uint64_t{0});
-    r.bytes_down = j.value("bytes_down", uint64_t{0});
-    r.ms = j.value("ms", 0.0);
-    r.wait_ms = j.value("wait_ms", 0.0);
-    r.route_confirmed = j.value("route_confirmed", 0);
-    r.route_changed = j.value("route_changed", 0);
-    r.wasted_tokens = j.value("wasted_tokens", 0);
+    visit_item_counts([&j](const char* name, auto& field) { field = j.value(name, field); }, r);
+    // Logs from before the answer-token rule counted every generated token as an answer token.
+    if (!j.contains("generated")) r.generated = r.tokens;
+    if (!j.contains("generated_cloud")) r.generated_cloud = r.cloud_tokens;
     done[r.id] = r;
     keep = nl + 1;
     start = nl + 1;
@@ -304,7 +296,9 @@ class EvalCommand : public Command {
       // Checked against the edge model now, so a wrong router stops the run before any item.
       const std::string path = router_arg(arg).first;
       EdgeOptions probe;
-      const auto info = load_trained_router(path, *model, edge_.model, std::nullopt, probe);
+      RoutingSpec spec;
+      spec.router_file = path;
+      const auto info = *resolve_routing(spec, *model, edge_.model, probe);
       results["routers"].push_back({{"path", path},
                                     {"label", info.label},
                                     {"edge_vocab_hash", info.vocab_hash},
@@ -355,7 +349,7 @@ class EvalCommand : public Command {
     w.split = task_ == "wikitext" ? "test" : "valid";
     w.out_dir = out_;
     w.rates = rates_;
-    w.rate_gain = base_.router.rate_gain;
+    w.rate_gain = edge_.target_gain;
     w.chunks = chunks_;
     w.chunk_tokens = chunk_tokens_;
     w.chunk_offset = chunk_offset_;
@@ -396,7 +390,7 @@ class EvalCommand : public Command {
             {"sync_ahead", base_.sync_ahead},
             {"pipeline", base_.pipeline},
             {"sync_every", base_.sync_every},
-            {"target_gain", base_.router.rate_gain},
+            {"target_gain", edge_.target_gain},
             {"cloud_timeout_s", base_.cloud_timeout_s},
             {"ctx_size", base_.context.n_ctx},
             {"threads", base_.context.n_threads},
@@ -557,11 +551,15 @@ class EvalCommand : public Command {
                                              json& results) const {
     EdgeOptions opts = base_;
     opts.mode = spec.mode;
-    opts.router = parse_router_policy(spec.policy.empty() ? "confidence" : spec.policy);
-    if (spec.target_rate) opts.router.target_rate = *spec.target_rate;
-    opts.router.rate_gain = base_.router.rate_gain;
-    if (spec.mode == EdgeMode::Route && !spec.router_path.empty())
-      load_trained_router(spec.router_path, model, edge_.model, std::nullopt, opts);
+    RoutingSpec routing;  // local and cloud runs: the defaults, unused
+    if (spec.mode == EdgeMode::Route) {
+      routing.policy = spec.policy;
+      routing.router_file = spec.router_path;
+      routing.target_rate = spec.target_rate;
+    }
+    routing.target_gain = edge_.target_gain;
+    routing.route_span = base_.route_span;
+    resolve_routing(routing, model, edge_.model, opts);
     std::unique_ptr<CloudBackend> backend;
     if (spec.mode != EdgeMode::Local) backend = make_cloud_backend(cloud_.options, model);
     auto edge = std::make_unique<EdgeDecoder>(model, opts, std::move(backend));
@@ -657,20 +655,8 @@ class EvalCommand : public Command {
                  {"output", output},
                  {"answer", answer ? json(*answer) : json(nullptr)},
                  {"gold", item.gold},
-                 {"correct", r.correct},
-                 {"tokens", r.tokens},
-                 {"cloud_tokens", r.cloud_tokens},
-                 {"generated", r.generated},
-                 {"generated_cloud", r.generated_cloud},
-                 {"route_events", r.route_events},
-                 {"fallbacks", r.fallbacks},
-                 {"bytes_up", r.bytes_up},
-                 {"bytes_down", r.bytes_down},
-                 {"ms", r.ms},
-                 {"wait_ms", r.wait_ms},
-                 {"route_confirmed", r.route_confirmed},
-                 {"route_changed", r.route_changed},
-                 {"wasted_tokens", r.wasted_tokens}};
+                 {"correct", r.correct}};
+    visit_item_counts([&line](const char* name, const auto& field) { line[name] = field; }, r);
     if (!error.empty()) line["error"] = error;
     if (!form.is_null()) line["chat"] = form;
     return line;

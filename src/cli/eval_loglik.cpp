@@ -20,6 +20,7 @@
 #include "tandem/eval_report.h"
 #include "tandem/router.h"
 #include "tandem/router_tools.h"
+#include "tandem/routing.h"
 
 namespace tandem::cli {
 
@@ -111,16 +112,19 @@ class Policies {
   size_t size() const { return names_.size(); }
 
   // Policy k's router as a device would start it for a target rate (a trained router through
-  // load_trained_router, as `run` and task evals load it: threshold, seeded window and the
+  // resolve_routing, as `run` and task evals load it: threshold, seeded window and the
   // signal's top-k all from the file). rate 0: no target, for scoring only.
   EdgeOptions config_for(size_t k, double rate) const {
     EdgeOptions opts;
-    opts.router = parse_router_policy(k < kHeuristics ? names_[k] : "confidence");
-    if (rate > 0) opts.router.target_rate = rate;
-    opts.router.rate_gain = o_.rate_gain;
-    if (k >= kHeuristics) {
-      load_trained_router(o_.routers[k - kHeuristics], edge_, o_.edge_model, std::nullopt, opts);
-    }
+    const bool trained = k >= kHeuristics;
+    RoutingSpec spec;
+    if (trained)
+      spec.router_file = o_.routers[k - kHeuristics];
+    else
+      spec.policy = names_[k];
+    if (rate > 0) spec.target_rate = rate;
+    spec.target_gain = o_.rate_gain;
+    resolve_routing(spec, edge_, o_.edge_model, opts);
     return opts;
   }
 

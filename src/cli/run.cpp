@@ -34,30 +34,6 @@ std::string human_bytes(uint64_t n) {
   return buf;
 }
 
-void add_stats(EdgeStats& total, const EdgeStats& s) {
-  total.tokens += s.tokens;
-  total.cloud_tokens += s.cloud_tokens;
-  total.route_events += s.route_events;
-  total.bytes_up += s.bytes_up;
-  total.bytes_down += s.bytes_down;
-  total.cloud_ms += s.cloud_ms;
-  total.local_ms += s.local_ms;
-  if (total.ttft_ms == 0) total.ttft_ms = s.ttft_ms;
-  total.total_ms += s.total_ms;
-  total.fallbacks += s.fallbacks;
-  total.replays += s.replays;
-  total.accepted_drafts += s.accepted_drafts;
-  total.drafted += s.drafted;
-  total.prefilled_on_route += s.prefilled_on_route;
-  total.sync_steps += s.sync_steps;
-  total.sync_failures += s.sync_failures;
-  total.cloud_failures += s.cloud_failures;
-  total.cloud_lost = total.cloud_lost || s.cloud_lost;
-  if (!s.last_cloud_error.empty()) total.last_cloud_error = s.last_cloud_error;
-  total.cloud_share = total.tokens ? static_cast<double>(total.cloud_tokens) / total.tokens : 0;
-  total.tok_s = total.total_ms > 0 ? 1000.0 * total.tokens / total.total_ms : 0;
-}
-
 class RunCommand : public Command {
  public:
   explicit RunCommand(CLI::App& app)
@@ -212,7 +188,7 @@ class RunCommand : public Command {
       }
       std::fflush(stdout);
       summary(r.stats);
-      add_stats(total, r.stats);
+      add_edge_stats(total, r.stats);
       history = edge.history();
     }
     if (total.tokens > 0) {

@@ -53,7 +53,10 @@ class UiCommand : public Command {
     http_.own_answer_headers = ui::security_headers();
     // The page opens at the paper's operating point: a 7% cloud share (a fixed threshold routes
     // far more than that on a base model's answers), greedy (set before the flags, above).
-    if (sub_->count("--threshold") == 0 && sub_->count("--target-rate") == 0)
+    const std::string& policy = flags_.edge.policy;
+    const bool scored = policy.empty() || policy == "confidence" || policy == "entropy" ||
+                        policy == "margin";  // not random, always or never
+    if (scored && sub_->count("--threshold") == 0 && sub_->count("--target-rate") == 0)
       flags_.edge.target_rate = kUiDefaultTargetRate;
     flags_.resolve();
     auto model = Model::load(flags_.edge.model);
@@ -67,7 +70,9 @@ class UiCommand : public Command {
     o.edge = flags_.edge.options;
     o.limits = limits_;
     o.defaults.mode = flags_.edge.options.mode;
-    o.defaults.router = flags_.edge.options.router;
+    o.defaults.routing =
+        flags_.edge.routing();  // with the shipped router, when load_router chose it
+    o.model_path = flags_.edge.model;
     o.defaults.temp = flags_.edge.options.sampling.temp;
     o.defaults.n_predict =
         std::clamp(flags_.edge.n_predict < 0 ? 128 : flags_.edge.n_predict, 1, limits_.max_predict);

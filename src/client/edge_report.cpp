@@ -1,6 +1,9 @@
 // How an edge answer is reported: its stop reason's name and its stats as JSON, the same for
 // `tandem run --json` and the browser view (include/tandem/client.h).
 #include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "tandem/client.h"
 
@@ -22,33 +25,35 @@ std::string stop_reason_name(StopReason stop) {
 
 nlohmann::json edge_stats_json(const EdgeStats& s) {
   nlohmann::json j;
-  j["tokens"] = s.tokens;
-  j["cloud_tokens"] = s.cloud_tokens;
-  j["cloud_share"] = s.cloud_share;
-  j["route_events"] = s.route_events;
-  j["bytes_up"] = s.bytes_up;
-  j["bytes_down"] = s.bytes_down;
-  j["cloud_ms"] = s.cloud_ms;
-  j["wait_ms"] = s.wait_ms;
-  j["local_ms"] = s.local_ms;
-  j["ttft_ms"] = s.ttft_ms;
-  j["tok_s"] = s.tok_s;
-  j["fallbacks"] = s.fallbacks;
-  j["replays"] = s.replays;
-  j["accepted_drafts"] = s.accepted_drafts;
-  j["drafted"] = s.drafted;
-  j["prefilled_on_route"] = s.prefilled_on_route;
-  j["sync_steps"] = s.sync_steps;
-  j["sync_failures"] = s.sync_failures;
-  j["cloud_failures"] = s.cloud_failures;
-  j["route_confirmed"] = s.route_confirmed;
-  j["route_changed"] = s.route_changed;
-  j["wasted_tokens"] = s.wasted_tokens;
-  j["chained_steps"] = s.chained_steps;
-  j["cloud_lost"] = s.cloud_lost;
-  j["total_ms"] = s.total_ms;
-  if (!s.last_cloud_error.empty()) j["last_cloud_error"] = s.last_cloud_error;
+  visit_edge_stats(
+      [&j](const char* name, const auto& field) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(field)>, std::string>) {
+          if (field.empty()) return;  // only when there was an error
+        }
+        j[name] = field;
+      },
+      s);
   return j;
+}
+
+void add_edge_stats(EdgeStats& total, const EdgeStats& one) {
+  const bool first = total.tokens == 0 && total.total_ms == 0;
+  visit_edge_stats(
+      [first](std::string_view name, auto& t, const auto& x) {
+        using T = std::decay_t<decltype(t)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (!x.empty()) t = x;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          t = t || x;
+        } else if (name == "ttft_ms") {
+          if (first) t = x;
+        } else if (name != "cloud_share" && name != "tok_s") {  // recomputed below
+          t += x;
+        }
+      },
+      total, one);
+  total.cloud_share = total.tokens ? static_cast<double>(total.cloud_tokens) / total.tokens : 0;
+  total.tok_s = total.total_ms > 0 ? 1000.0 * total.tokens / total.total_ms : 0;
 }
 
 }  // namespace tandem

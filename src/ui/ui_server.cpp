@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include <boost/asio/ip/address.hpp>
 
@@ -38,12 +39,13 @@ void send_error(Responder& responder, int status, const std::string& code,
   send_json(responder, status, {{"error", e}});
 }
 
-const char* policy_names[] = {"confidence", "entropy", "margin", "random", "always", "never"};
+// The page's policies: the heuristics, and "router" for the command line's trained router.
+const char* policy_names[] = {"confidence", "entropy", "margin", "random",
+                              "always",     "never",   "router"};
 
-// The range a threshold of each policy's score can sensibly take (entropy in nats: a
-// distribution over a 262k vocabulary has at most ln(262144) ~ 12.5).
-std::pair<double, double> threshold_range(RouterPolicy policy) {
-  return policy == RouterPolicy::Entropy ? std::pair{0.0, 16.0} : std::pair{0.0, 1.0};
+// A router as the page names it.
+std::string page_policy_name(const RouterConfig& r) {
+  return r.policy == RouterPolicy::Mlp ? "router" : router_policy_name(r.policy);
 }
 
 const json& field_of(const json& body, const char* name) {
@@ -240,7 +242,10 @@ void read_prompt(const json& j, const UiLimits& limits, GenerateRequest& r) {
   }
 }
 
-// mode, policy, then threshold or target_rate (which read the policy chosen).
+// mode; then policy, threshold and target_rate into the request's RoutingSpec, checked by the
+// rules every front end shares (tandem/routing.h). A policy given here starts from that policy's
+// defaults (none keeps the command line's routing); a threshold replaces a target rate and the
+// other way round; with the random policy, the target rate is its rate.
 void read_routing(const json& j, GenerateRequest& r) {
   if (const json& mode = field_of(j, "mode"); !mode.is_null()) {
     if (!mode.is_string()) throw RequestError("mode", "expected a string");
@@ -250,40 +255,48 @@ void read_routing(const json& j, GenerateRequest& r) {
       throw RequestError("mode", e.what());
     }
   }
-
-  // A policy given here starts from that policy's defaults; none keeps the command line's router.
-  if (const json& policy = field_of(j, "policy"); !policy.is_null()) {
+  const json& policy = field_of(j, "policy");
+  const json& threshold = field_of(j, "threshold");
+  const json& target = field_of(j, "target_rate");
+  if (!threshold.is_null() && !target.is_null()) {
+    throw RequestError("target_rate", "give a threshold or a target rate, not both");
+  }
+  RoutingSpec& s = r.routing;
+  const std::string cli_router = s.router_file;  // r starts as the command line's defaults
+  if (!policy.is_null()) {
     if (!policy.is_string()) throw RequestError("policy", "expected a string");
     const std::string name = policy.get<std::string>();
     if (std::find(std::begin(policy_names), std::end(policy_names), name) ==
         std::end(policy_names)) {
       throw RequestError("policy", "unknown policy '" + name +
                                        "' (choices: confidence, entropy, margin, random, "
-                                       "always, never)");
+                                       "always, never, router)");
     }
-    const RouterConfig keep = r.router;
-    r.router = parse_router_policy(name == "random" ? "random:0.1" : name);
-    r.router.random_seed = keep.random_seed;
-    r.router.window = keep.window;
-  }
-  const json& threshold = field_of(j, "threshold");
-  const json& target = field_of(j, "target_rate");
-  if (!threshold.is_null() && !target.is_null()) {
-    throw RequestError("target_rate", "give threshold or target_rate, not both");
+    if (name == "router" && cli_router.empty()) {
+      throw RequestError("policy", "no trained router was given (tandem ui --router R.gguf)");
+    }
+    s.policy = name == "router" ? "" : name == "random" && target.is_null() ? "random:0.1" : name;
+    s.router_file = name == "router" ? cli_router : "";
+    s.threshold.reset();
+    s.target_rate.reset();
   }
   if (!threshold.is_null()) {
-    const auto [lo, hi] = threshold_range(r.router.policy);
-    r.router.threshold = number_in(threshold, "threshold", lo, hi);
-    r.router.target_rate.reset();
+    s.threshold =
+        number_in(threshold, "threshold", 0, threshold_range(RouterPolicy::Entropy).second);
+    s.target_rate.reset();
   }
   if (!target.is_null()) {
-    const double rate = number_in(target, "target_rate", 0, 1);
-    // The random policy's rate is its cloud share already.
-    if (r.router.policy == RouterPolicy::Random) {
-      r.router.random_rate = rate;
-    } else {
-      r.router.target_rate = rate;
-    }
+    s.target_rate = number_in(target, "target_rate", 0, 1);
+    s.threshold.reset();
+    if (s.policy.rfind("random", 0) == 0) s.policy = "random";  // the rate is the target's
+  }
+  try {
+    check_routing(s);
+  } catch (const Error& e) {
+    throw RequestError(!target.is_null()      ? "target_rate"
+                       : !threshold.is_null() ? "threshold"
+                                              : "policy",
+                       e.what());
   }
 }
 
@@ -333,6 +346,7 @@ UiServer::UiServer(const Model& edge_model, UiOptions options, BackendFactory ma
       options_(std::move(options)),
       hosts_(allowed_hosts(options_.port, options_.bind_host)),
       make_backend_(std::move(make_backend)) {
+  options_.defaults.router = resolved_router(options_.defaults.routing);
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -411,7 +425,7 @@ void UiServer::serve_asset(const HttpRequest& request, Responder& responder) con
 json UiServer::info() const {
   const GenerateRequest& d = options_.defaults;
   json defaults = {{"mode", edge_mode_name(d.mode)},
-                   {"policy", router_policy_name(d.router.policy)},
+                   {"policy", page_policy_name(d.router)},
                    {"threshold", d.router.threshold},
                    {"n_predict", d.n_predict},
                    {"temp", d.temp},
@@ -420,6 +434,9 @@ json UiServer::info() const {
   if (d.router.policy == RouterPolicy::Random) defaults["target_rate"] = d.router.random_rate;
   std::lock_guard lock(mutex_);
   return {{"model", options_.model_name},
+          {"router", d.routing.router_file.empty()
+                         ? json(nullptr)
+                         : json(std::filesystem::path(d.routing.router_file).filename().string())},
           {"cloud", options_.cloud_url},
           {"cloud_api", options_.cloud_api},
           {"defaults", defaults},
@@ -446,6 +463,11 @@ void UiServer::start_turn(const HttpRequest& request, const std::shared_ptr<Resp
     parsed = parse_generate_request(request.body, options_.defaults, options_.limits);
   } catch (const RequestError& e) {
     return send_error(*responder, 400, "bad_request", e.problem(), e.field());
+  }
+  try {
+    parsed.router = resolved_router(parsed.routing);
+  } catch (const Error& e) {  // e.g. the command line's router file is gone
+    return send_error(*responder, 400, "bad_request", e.what(), "policy");
   }
   std::lock_guard lock(mutex_);
   if (busy_) {
@@ -540,6 +562,12 @@ void UiServer::worker_loop() {
   }
 }
 
+RouterConfig UiServer::resolved_router(const RoutingSpec& spec) const {
+  EdgeOptions o = options_.edge;
+  resolve_routing(spec, model_, options_.model_path, o);
+  return o.router;
+}
+
 std::string UiServer::prepare_decoder(const GenerateRequest& r) {
   const RouterConfig& rc = r.router;
   const std::string key = edge_mode_name(r.mode) + "|" + router_policy_name(rc.policy) + "|" +
@@ -590,7 +618,7 @@ void UiServer::run_turn(Turn& turn) {
            {"turn", turn.id},
            {"prompt", r.prompt},
            {"mode", edge_mode_name(r.mode)},
-           {"policy", router_policy_name(r.router.policy)},
+           {"policy", page_policy_name(r.router)},
            {"threshold", r.router.threshold},
            {"target_rate", r.router.target_rate                      ? json(*r.router.target_rate)
                            : r.router.policy == RouterPolicy::Random ? json(r.router.random_rate)

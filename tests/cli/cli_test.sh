@@ -150,4 +150,13 @@ msg=$("$TANDEM" eval --task humaneval --allow-exec --chat 2>&1)
 check "eval --task humaneval --chat: refused" grep -q -- "--chat: humaneval" <<<"$msg"
 check "eval --help documents --allow-exec" grep -q -- " --allow-exec " <<<"$eval_help"
 
+# Routing settings that contradict each other are refused before any model is read, with the
+# message the browser view gives for the same request (tandem/routing.h).
+msg=$("$TANDEM" run -m "$TD/models/synth-llama-Q4_K.gguf" --cloud http://127.0.0.1:9 --policy random:0.1 --target-rate 0.3 -p hi 2>&1)
+rc=$?
+check "run --policy random:0.1 --target-rate 0.3: exit code 1" [ "$rc" -eq 1 ]
+check "run --policy random:0.1 --target-rate 0.3: names the rule" grep -qF "the random policy's rate is given twice (random:0.1 and a target rate of 0.3): give one" <<<"$msg"
+msg=$("$TANDEM" run -m "$TD/models/synth-llama-Q4_K.gguf" --cloud http://127.0.0.1:9 --policy always --target-rate 0.3 -p hi 2>&1)
+check "run --policy always --target-rate: refused" grep -qF "the always policy takes neither a threshold nor a target rate" <<<"$msg"
+
 check_summary cli_contract

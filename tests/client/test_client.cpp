@@ -30,6 +30,7 @@
 #include "tandem/client.h"
 #include "tandem/delay_proxy.h"
 #include "tandem/router_mlp.h"
+#include "tandem/routing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem {
@@ -914,7 +915,7 @@ void write_test_router(const Model& edge, const std::string& path) {
                        edge.info().name, "", "disagree", "{}"});
 }
 
-// One router loader: a trained router loaded by load_trained_router decides alike on a device
+// One router loader: a trained router loaded by resolve_routing decides alike on a device
 // (the EdgeDecoder against a real server, as `run`, `ui` and the task evals use it) and in the
 // offline replay over the teacher-forced signals of the same token stream (`eval --task
 // wikitext`): the same first 256 decisions, with a target rate whose window starts from the
@@ -927,8 +928,7 @@ TEST(OneRouterLoader, DeviceAndReplayTakeTheSameDecisions) {
   write_test_router(*edge, file);
   auto configured = [&] {
     EdgeOptions o = edge_options(EdgeMode::Route, "confidence");
-    o.router.target_rate = 0.25;
-    load_trained_router(file, *edge, edge_model_path(), std::nullopt, o);
+    resolve_routing({"", file, std::nullopt, 0.25}, *edge, edge_model_path(), o);
     return o;
   };
   ServeProcess serve(cloud_model_path());
@@ -1096,8 +1096,7 @@ std::vector<std::pair<std::string, EdgeOptions>> pipeline_settings(const Model& 
     out.emplace_back(std::string(policy) + " rate 0.3", o);
   }
   EdgeOptions trained = edge_options(EdgeMode::Route, "confidence");
-  trained.router.target_rate = 0.3;
-  load_trained_router(router, edge, edge_model_path(), std::nullopt, trained);
+  resolve_routing({"", router, std::nullopt, 0.3}, edge, edge_model_path(), trained);
   out.emplace_back("trained router rate 0.3", trained);
   out.emplace_back("random 0.4", edge_options(EdgeMode::Route, "random:0.4:3"));
   EdgeOptions span = edge_options(EdgeMode::Route, "confidence");

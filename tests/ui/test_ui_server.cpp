@@ -70,7 +70,6 @@ TEST(UiRequest, FieldsOverrideTheDefaults) {
   GenerateRequest defaults;
   defaults.mode = EdgeMode::Local;
   defaults.n_predict = 7;
-  defaults.router.random_seed = 42;
   const UiLimits limits;
   auto r = parse_generate_request(R"({"prompt": "hi"})", defaults, limits);
   EXPECT_EQ(r.prompt, "hi");
@@ -82,9 +81,10 @@ TEST(UiRequest, FieldsOverrideTheDefaults) {
           "temp": 0.7, "continue": true, "chat": true})",
       defaults, limits);
   EXPECT_EQ(r.mode, EdgeMode::Route);
-  EXPECT_EQ(r.router.policy, RouterPolicy::Entropy);
-  EXPECT_DOUBLE_EQ(r.router.threshold, 3.5);  // entropy is in nats: over 1 is fine
-  EXPECT_FALSE(r.router.target_rate.has_value());
+  EXPECT_EQ(r.routing.policy, "entropy");
+  ASSERT_TRUE(r.routing.threshold.has_value());
+  EXPECT_DOUBLE_EQ(*r.routing.threshold, 3.5);  // entropy is in nats: over 1 is fine
+  EXPECT_FALSE(r.routing.target_rate.has_value());
   EXPECT_EQ(r.n_predict, 9);
   EXPECT_FLOAT_EQ(r.temp, 0.7f);
   EXPECT_TRUE(r.continue_conversation);
@@ -92,16 +92,46 @@ TEST(UiRequest, FieldsOverrideTheDefaults) {
 
   r = parse_generate_request(R"({"prompt": "hi", "policy": "margin", "target_rate": 0.25})",
                              defaults, limits);
-  ASSERT_TRUE(r.router.target_rate.has_value());
-  EXPECT_DOUBLE_EQ(*r.router.target_rate, 0.25);
+  ASSERT_TRUE(r.routing.target_rate.has_value());
+  EXPECT_DOUBLE_EQ(*r.routing.target_rate, 0.25);
+  EXPECT_EQ(routing_config(r.routing).policy, RouterPolicy::Margin);
 
-  // The random policy's rate is the share itself; its seed stays the command line's.
+  // The random policy's rate is the share itself, as on the command line (`--policy random
+  // --target-rate 0.3`); with no target it routes 10%.
   r = parse_generate_request(R"({"prompt": "hi", "policy": "random", "target_rate": 0.3})",
                              defaults, limits);
-  EXPECT_EQ(r.router.policy, RouterPolicy::Random);
-  EXPECT_DOUBLE_EQ(r.router.random_rate, 0.3);
-  EXPECT_FALSE(r.router.target_rate.has_value());
-  EXPECT_EQ(r.router.random_seed, 42u);
+  RouterConfig c = routing_config(r.routing);
+  EXPECT_EQ(c.policy, RouterPolicy::Random);
+  EXPECT_DOUBLE_EQ(c.random_rate, 0.3);
+  EXPECT_FALSE(c.target_rate.has_value());
+  r = parse_generate_request(R"({"prompt": "hi", "policy": "random"})", defaults, limits);
+  EXPECT_DOUBLE_EQ(routing_config(r.routing).random_rate, 0.1);
+  // A target rate sent without a policy on top of a command line's random:RATE replaces its rate.
+  defaults.routing.policy = "random:0.2";
+  r = parse_generate_request(R"({"prompt": "hi", "target_rate": 0.4})", defaults, limits);
+  EXPECT_DOUBLE_EQ(routing_config(r.routing).random_rate, 0.4);
+}
+
+TEST(UiRequest, ContradictionsAreRefusedAsOnTheCommandLine) {
+  auto problem = [](const std::string& body) {
+    try {
+      parse_generate_request(body, GenerateRequest{}, UiLimits{});
+    } catch (const RequestError& e) {
+      return e.field() + ": " + e.problem();
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(problem(R"({"prompt": "a", "threshold": 0.5, "target_rate": 0.5})"),
+            "target_rate: give a threshold or a target rate, not both");
+  EXPECT_EQ(problem(R"({"prompt": "a", "policy": "random", "threshold": 0.5})"),
+            "threshold: a threshold does not apply to the random policy: it routes a share "
+            "(random:RATE or a target rate)");
+  EXPECT_EQ(problem(R"({"prompt": "a", "policy": "always", "target_rate": 0.5})"),
+            "target_rate: the always policy takes neither a threshold nor a target rate");
+  EXPECT_EQ(problem(R"({"prompt": "a", "policy": "margin", "threshold": 3})"),
+            "threshold: threshold 3 is outside [0, 1] for the margin policy");
+  EXPECT_EQ(problem(R"({"prompt": "a", "policy": "router"})"),
+            "policy: no trained router was given (tandem ui --router R.gguf)");
 }
 
 TEST(UiRequest, DeepJsonIsRefusedBeforeParsing) {
@@ -340,7 +370,8 @@ TEST_F(UiServerTest, BadRequestIs400NamingTheField) {
   r = call(*ui, "POST", "/api/generate", R"({"prompt": "x", "threshold": 7})");
   EXPECT_EQ(r->status(), 400);
   EXPECT_EQ(r->body_json()["error"]["field"], "threshold");
-  EXPECT_EQ(r->body_json()["error"]["message"], "is 7, outside [0, 1]");
+  EXPECT_EQ(r->body_json()["error"]["message"],
+            "threshold 7 is outside [0, 1] for the confidence policy");
   EXPECT_EQ(call(*ui, "GET", "/api/turns/1/events?after=x")->status(), 400);
   EXPECT_EQ(call(*ui, "GET", "/api/turns/99/events")->status(), 404);
 }

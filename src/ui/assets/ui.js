@@ -453,6 +453,9 @@ async function load() {
     state.info = info;
     el.pair.textContent = `edge ${info.model} · cloud ${info.cloud ? `${info.cloud} (${info.cloud_api})` : "none"}`;
     const d = info.defaults;
+    const routerOption = el.policy.querySelector('option[value="router"]');
+    if (info.router) routerOption.textContent = `trained router (${info.router})`;
+    else routerOption.remove();
     el.mode.value = d.mode;
     el.policy.value = d.policy;
     el.nPredict.value = d.n_predict;
