@@ -1,12 +1,18 @@
 // tandem edge client: the device's half of collaborative decoding.
 //
+//   #include "tandem/routing.h"  // resolve_routing: the router, as run/eval/ui build it
 //   auto small = tandem::Model::load("edge.gguf");
-//   tandem::CloudOptions cloud{.url = "http://127.0.0.1:8080"};
+//   tandem::CloudOptions cloud;  cloud.url = "http://127.0.0.1:8080";
 //   tandem::EdgeOptions opts;  opts.mode = tandem::EdgeMode::Route;
-//   tandem::resolve_routing({"confidence"}, *small, "edge.gguf", opts);  // tandem/routing.h
+//   tandem::resolve_routing({.policy = "confidence"}, *small, "edge.gguf", opts);
 //   tandem::EdgeDecoder edge(*small, opts, tandem::make_cloud_backend(cloud, *small));
 //   edge.start();                                   // opens the cloud session, checks vocabularies
-//   tandem::EdgeResult r = edge.generate(prompt_ids, 128, on_token);
+//   auto prompt_ids = small->tokenize("The capital of France is", true, false);
+//   auto print = [](const tandem::EdgeToken&, std::string_view piece) {
+//     std::fwrite(piece.data(), 1, piece.size(), stdout);
+//     return true;  // false stops the answer
+//   };
+//   tandem::EdgeResult r = edge.generate(prompt_ids, 128, print);
 //
 // The small model decodes every position; the router picks the positions the cloud decides; the
 // cloud keeps a session with the whole history, so only new token ids cross the network. Tokens

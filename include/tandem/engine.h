@@ -2,7 +2,8 @@
 //
 //   auto model = tandem::Model::load("gemma-3-270m-q4_k_m.gguf");
 //   tandem::Context ctx(*model, {.n_ctx = 2048, .n_seq = 4});
-//   std::vector<tandem::BatchToken> batch = ...;  // tokens of one or more sequences
+//   std::vector<tandem::BatchToken> batch = {{.token = model->bos(), .pos = 0, .seq = 0},
+//                                            {.token = 9707, .pos = 1, .want_logits = true}};
 //   ctx.decode(batch);
 //   std::span<const float> logits = ctx.logits(batch.size() - 1);
 //

@@ -1,10 +1,11 @@
 // tandem router: decides per token whether the device's small model ("local") or the cloud's
 // large model ("cloud") produces it.
 //
-//   tandem::RouterSignal s = ...;           // built from the small model's logits row
-//   auto router = tandem::Router::create(tandem::parse_router_config("confidence", 0.6));
-//   tandem::RouteDecision d = router->decide(s);   // d.cloud, d.score
-//   router->record(d, n_tokens);                    // tokens the decision produced
+//   std::vector<float> logits(151936);  // the small model's logits row [n_vocab]
+//   tandem::RouterSignal s = tandem::router_signal_from_logits(logits, /*position=*/42, 4);
+//   tandem::Router router(tandem::parse_router_policy("confidence"));
+//   tandem::RouteDecision d = router.decide(s);  // d.cloud, d.score
+//   router.record(d.cloud, 1);                   // tokens the decision produced
 //
 // The router is a pure function of a narrow signal plus its own small state (a random stream,
 // the target-rate controller); it knows nothing of the engine or the network.

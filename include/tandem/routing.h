@@ -2,6 +2,7 @@
 // in an eval's run list, in the browser view's request) and resolve_routing turns it into the
 // decoder's router, the same way for every front end.
 //
+//   auto small = tandem::Model::load("edge.gguf");
 //   tandem::RoutingSpec spec{.policy = "entropy", .target_rate = 0.07};
 //   tandem::EdgeOptions opts;
 //   tandem::resolve_routing(spec, *small, "edge.gguf", opts);  // opts.router is ready
