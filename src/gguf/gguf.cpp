@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/byte_reader.h"
 #include "common/error.h"
 
 namespace tandem {
@@ -26,62 +27,6 @@ constexpr uint64_t kMaxReserve = 1 << 16;
 size_t capped(uint64_t n) {
   return static_cast<size_t>(std::min(n, kMaxReserve));
 }
-
-// Sequential, bounds-checked reader over the file image.
-class Cursor {
- public:
-  Cursor(const uint8_t* base, size_t size, const std::string& name)
-      : base_(base), size_(size), name_(name) {}
-
-  size_t pos() const { return pos_; }
-  size_t remaining() const { return size_ - pos_; }
-
-  [[noreturn]] void fail(size_t at, const std::string& what) const {
-    throw Error(name_ + ": byte offset " + std::to_string(at) + ": " + what);
-  }
-
-  void need(uint64_t n, const char* what) const {
-    if (n > remaining()) {
-      fail(pos_, std::string("expected ") + std::to_string(n) + " bytes for " + what +
-                     ", found only " + std::to_string(remaining()) + " before end of file");
-    }
-  }
-
-  template <typename T>
-  T read(const char* what) {
-    need(sizeof(T), what);
-    T v;
-    std::memcpy(&v, base_ + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return v;
-  }
-
-  std::string_view read_string(const char* what, uint64_t max_len = UINT64_MAX) {
-    const size_t at = pos_;
-    const uint64_t len = read<uint64_t>(what);
-    if (len > max_len) {
-      fail(at, std::string(what) + ": length " + std::to_string(len) + " exceeds limit " +
-                   std::to_string(max_len));
-    }
-    need(len, what);
-    std::string_view s(reinterpret_cast<const char*>(base_ + pos_), len);
-    pos_ += len;
-    return s;
-  }
-
-  const uint8_t* skip(uint64_t n, const char* what) {
-    need(n, what);
-    const uint8_t* p = base_ + pos_;
-    pos_ += n;
-    return p;
-  }
-
- private:
-  const uint8_t* base_;
-  size_t size_;
-  size_t pos_ = 0;
-  const std::string& name_;
-};
 
 size_t scalar_size(GgufValueType t) {
   switch (t) {
@@ -162,7 +107,7 @@ void read_scalar(const uint8_t* p, GgufValueType t, GgufValue& v) {
   }
 }
 
-GgufValue read_value(Cursor& c, GgufValueType type, int depth) {
+GgufValue read_value(ByteReader& c, GgufValueType type, int depth) {
   GgufValue v;
   v.file_offset = c.pos();
   v.type = type;
@@ -334,7 +279,7 @@ struct GgufHeader {
 };
 
 // Magic, version and the two counts (bytes 0..23), each count checked against the bytes left.
-GgufHeader read_header(Cursor& c, size_t file_size) {
+GgufHeader read_header(ByteReader& c, size_t file_size) {
   GgufHeader h;
   const auto magic = c.read<uint32_t>("magic");
   if (std::memcmp(&magic, "GGUF", 4) != 0) {
@@ -366,7 +311,7 @@ GgufHeader read_header(Cursor& c, size_t file_size) {
 
 // One tensor info: name, dimensions, type, data offset (relative to the data section), each
 // checked as it is read; nbytes follows from the shape and the type's block size.
-GgufTensorInfo read_tensor_info(Cursor& c, uint64_t alignment) {
+GgufTensorInfo read_tensor_info(ByteReader& c, uint64_t alignment) {
   GgufTensorInfo t;
   t.name = std::string(c.read_string("tensor name", kMaxKeyLength));
   const size_t dims_at = c.pos();
@@ -412,9 +357,9 @@ GgufTensorInfo read_tensor_info(Cursor& c, uint64_t alignment) {
 }  // namespace
 
 // The file is read front to back: header, metadata, tensor infos, then the data section's
-// placement. Every check fails with the byte offset of what it read (Cursor::fail).
+// placement. Every check fails with the byte offset of what it read (ByteReader::fail).
 void GgufFile::parse() {
-  Cursor c(base_, size_, path_);
+  ByteReader c(base_, size_, path_);
   const GgufHeader header = read_header(c, size_);
   version_ = header.version;
   const uint64_t n_tensors = header.n_tensors;

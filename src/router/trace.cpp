@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/byte_reader.h"
 #include "common/error.h"
 
 namespace tandem::router {
@@ -51,83 +52,36 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
-// A read that runs past the end of the data: a half-written tail when resuming.
-class TruncatedTrace : public Error {
- public:
-  using Error::Error;
-};
-
-// Reads fields in order, naming the file, offset and field in every error.
-class Cursor {
- public:
-  Cursor(const uint8_t* data, size_t size, const std::string& name)
-      : data_(data), size_(size), name_(name) {}
-  size_t offset() const { return off_; }
-  size_t left() const { return size_ - off_; }
-  [[noreturn]] void fail(size_t at, const std::string& what) const {
-    throw Error(name_ + ": offset " + std::to_string(at) + ": " + what);
-  }
-  void need(size_t n, const char* field) const {
-    if (left() < n) {
-      throw TruncatedTrace(name_ + ": offset " + std::to_string(off_) +
-                           std::string(": truncated: expected ") + std::to_string(n) +
-                           " bytes of " + field + ", found " + std::to_string(left()) +
-                           " (file ends)");
-    }
-  }
-  template <typename T>
-  T get(const char* field) {
-    need(sizeof(T), field);
-    T v;
-    std::memcpy(&v, data_ + off_, sizeof(T));
-    off_ += sizeof(T);
-    return v;
-  }
-  const uint8_t* take(size_t n, const char* field) {
-    need(n, field);
-    const uint8_t* p = data_ + off_;
-    off_ += n;
-    return p;
-  }
-  const uint8_t* at(size_t o) const { return data_ + o; }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  std::string name_;
-  size_t off_ = 0;
-};
-
-TraceHeader parse_header(Cursor& c) {
-  const uint8_t* magic = c.take(sizeof kMagic, "the magic");
+TraceHeader parse_header(ByteReader& c) {
+  const uint8_t* magic = c.skip(sizeof kMagic, "the magic");
   if (std::memcmp(magic, kMagic, sizeof kMagic) != 0)
     c.fail(0, "not a tandem router trace (expected magic \"TNDMTRACE\")");
   TraceHeader h;
-  size_t at = c.offset();
-  h.version = c.get<uint32_t>("version");
+  size_t at = c.pos();
+  h.version = c.read<uint32_t>("version");
   if (h.version != 1 && h.version != kTraceVersion) {
     c.fail(at, "version " + std::to_string(h.version) + " (this build reads versions 1 and " +
                    std::to_string(kTraceVersion) + ")");
   }
-  at = c.offset();
-  h.n_embd = c.get<uint32_t>("n_embd");
+  at = c.pos();
+  h.n_embd = c.read<uint32_t>("n_embd");
   if (h.n_embd == 0 || h.n_embd > kMaxEmbd)
     c.fail(at, "n_embd " + std::to_string(h.n_embd) + " (expected 1.." + std::to_string(kMaxEmbd) +
                    ")");
-  at = c.offset();
-  h.top_k = c.get<uint32_t>("top_k");
+  at = c.pos();
+  h.top_k = c.read<uint32_t>("top_k");
   if (h.top_k < 2 || h.top_k > kMaxTopK)
     c.fail(at,
            "top_k " + std::to_string(h.top_k) + " (expected 2.." + std::to_string(kMaxTopK) + ")");
-  h.n_vocab = c.get<uint32_t>("n_vocab");
-  h.vocab_fingerprint = c.get<uint64_t>("vocab fingerprint");
-  h.flags = c.get<uint32_t>("flags");
-  at = c.offset();
-  const uint32_t name_len = c.get<uint32_t>("name length");
+  h.n_vocab = c.read<uint32_t>("n_vocab");
+  h.vocab_fingerprint = c.read<uint64_t>("vocab fingerprint");
+  h.flags = c.read<uint32_t>("flags");
+  at = c.pos();
+  const uint32_t name_len = c.read<uint32_t>("name length");
   if (name_len > kMaxName)
     c.fail(at, "name length " + std::to_string(name_len) + " (at most " + std::to_string(kMaxName) +
                    ")");
-  const uint8_t* name = c.take(name_len, "the model name");
+  const uint8_t* name = c.skip(name_len, "the model name");
   h.model_name.assign(reinterpret_cast<const char*>(name), name_len);
   return h;
 }
@@ -227,7 +181,7 @@ void decode_record(const uint8_t* p, const TraceHeader& h, TraceRecord& r) {
 
 // Positions are never negative; token ids lie below n_vocab when the header names it. Checked
 // after the hash, so that damage is reported as damage. The records end at hash_at.
-void check_record_ids(const Cursor& c, const TraceHeader& h, const TraceSequence& seq,
+void check_record_ids(const ByteReader& c, const TraceHeader& h, const TraceSequence& seq,
                       size_t hash_at, size_t rec_bytes) {
   const size_t count = seq.records.size();
   for (size_t i = 0; i < count; ++i) {
@@ -245,32 +199,32 @@ void check_record_ids(const Cursor& c, const TraceHeader& h, const TraceSequence
 }
 
 // One sequence: tag "SEQ1", id, record count, the records, the FNV-1a hash of all of it.
-// Throws TruncatedTrace when the file ends inside it, Error on any other damage.
-TraceSequence read_sequence(Cursor& c, const TraceHeader& h, const std::string& name,
+// Throws TruncatedInput when the file ends inside it, Error on any other damage.
+TraceSequence read_sequence(ByteReader& c, const TraceHeader& h, const std::string& name,
                             size_t rec_bytes) {
-  const size_t start = c.offset();
-  const uint32_t tag = c.get<uint32_t>("a sequence tag");
+  const size_t start = c.pos();
+  const uint32_t tag = c.read<uint32_t>("a sequence tag");
   if (tag != kSeqTag) {
     c.fail(start, "expected a sequence tag \"SEQ1\" (0x31514553), found 0x" + hex(tag));
   }
-  const uint64_t id = c.get<uint64_t>("the sequence id");
-  const size_t count_at = c.offset();
-  const uint32_t count = c.get<uint32_t>("the record count");
+  const uint64_t id = c.read<uint64_t>("the sequence id");
+  const size_t count_at = c.pos();
+  const uint32_t count = c.read<uint32_t>("the record count");
   // Checked before anything is allocated: the records must fit in what is left.
-  if (static_cast<uint64_t>(count) * rec_bytes + 8 > c.left()) {
-    throw TruncatedTrace(name + ": offset " + std::to_string(count_at) + ": truncated: sequence " +
-                         std::to_string(id) + " says " + std::to_string(count) + " records (" +
-                         std::to_string(static_cast<uint64_t>(count) * rec_bytes + 8) +
-                         " bytes with its hash), found " + std::to_string(c.left()) +
-                         " bytes (file ends)");
+  if (static_cast<uint64_t>(count) * rec_bytes + 8 > c.remaining()) {
+    throw TruncatedInput(
+        name + ": byte offset " + std::to_string(count_at) + ": truncated: sequence " +
+        std::to_string(id) + " says " + std::to_string(count) + " records (" +
+        std::to_string(static_cast<uint64_t>(count) * rec_bytes + 8) +
+        " bytes with its hash), found " + std::to_string(c.remaining()) + " bytes (the file ends)");
   }
   TraceSequence seq;
   seq.id = id;
   seq.records.resize(count);
   for (uint32_t i = 0; i < count; ++i)
-    decode_record(c.take(rec_bytes, "a record"), h, seq.records[i]);
-  const size_t hash_at = c.offset();
-  const uint64_t stored = c.get<uint64_t>("the sequence hash");
+    decode_record(c.skip(rec_bytes, "a record"), h, seq.records[i]);
+  const size_t hash_at = c.pos();
+  const uint64_t stored = c.read<uint64_t>("the sequence hash");
   const uint64_t computed = fnv1a(c.at(start), hash_at - start);
   if (stored != computed) {
     c.fail(hash_at, "sequence " + std::to_string(id) + " (starting at offset " +
@@ -285,16 +239,16 @@ TraceSequence read_sequence(Cursor& c, const TraceHeader& h, const std::string& 
 
 TraceFile parse_trace(const uint8_t* data, size_t size, const std::string& name,
                       const TraceReadOptions& options, size_t* valid_bytes) {
-  Cursor c(data, size, name);
+  ByteReader c(data, size, name);
   TraceFile tf;
   tf.header = parse_header(c);
-  if (valid_bytes) *valid_bytes = c.offset();
+  if (valid_bytes) *valid_bytes = c.pos();
   const size_t rec_bytes = trace_record_bytes(tf.header);
-  while (c.left() > 0) {
+  while (c.remaining() > 0) {
     try {
       tf.sequences.push_back(read_sequence(c, tf.header, name, rec_bytes));
-      if (valid_bytes) *valid_bytes = c.offset();
-    } catch (const TruncatedTrace&) {
+      if (valid_bytes) *valid_bytes = c.pos();
+    } catch (const TruncatedInput&) {
       // A sequence that runs past the end is a half-written tail; anything else is damage.
       if (options.allow_truncated_tail) break;
       throw;

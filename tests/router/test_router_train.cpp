@@ -142,7 +142,7 @@ TEST(RouterTrace, TruncatedFileNamesTheOffset) {
   const auto bytes = encode(synthetic_trace(2, 4, 2));
   const size_t cut = bytes.size() - 10;  // inside the last sequence
   const std::string e = error_of([&] { parse_trace(bytes.data(), cut, "t.bin"); });
-  EXPECT_NE(e.find("t.bin: offset "), std::string::npos) << e;
+  EXPECT_NE(e.find("t.bin: byte offset "), std::string::npos) << e;
   EXPECT_NE(e.find("truncated"), std::string::npos) << e;
   // Resuming reads the whole sequences before the tail and says where they end.
   size_t valid = 0;
