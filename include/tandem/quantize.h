@@ -1,8 +1,8 @@
-// The quantizer's entry points for the CLI (`tandem quantize`, `tandem synth`, `tandem
-// perplexity`), so that it includes no header of src/quantize: file types and their llama.cpp
-// type mixes, rewriting a GGUF file in another type, random-weight files of real models' shapes,
-// and llama-perplexity's statistics. The rules themselves are described where they are
-// implemented (src/quantize/type_mix.h, quantize_file.h, synth.h, perplexity.h).
+// The quantizer's entry points for the CLI (`tandem quantize`, `tandem synth`), so that it
+// includes no header of src/quantize: file types and their llama.cpp type mixes, rewriting a
+// GGUF file in another type, random-weight files of real models' shapes. The rules themselves
+// are described where they are implemented (src/quantize/type_mix.h, quantize_file.h, synth.h).
+// Perplexity's statistics are an evaluation: tandem/perplexity.h.
 #pragma once
 
 #include <cstdint>
@@ -112,46 +112,5 @@ struct SynthReport {
 
 SynthReport write_synth_model(const SynthShape& shape, const std::string& out_path,
                               const SynthOptions& opt);
-
-// ---- llama-perplexity's statistics (src/quantize/perplexity.h) ----
-
-// log p(token) under softmax(logits), in double.
-double token_logprob(std::span<const float> logits, int token);
-
-struct PplStats {
-  double sum_nll = 0;
-  double sum_nll2 = 0;
-  int64_t count = 0;
-  void add_logprob(double logprob) {
-    sum_nll -= logprob;
-    sum_nll2 += logprob * logprob;
-    ++count;
-  }
-  double mean_nll() const { return count ? sum_nll / count : 0; }
-  double ppl() const;
-  double ppl_error() const;  // 0 when fewer than 2 tokens
-};
-
-struct KlStats {
-  double sum_kl = 0;
-  double sum_kl2 = 0;
-  int64_t n_same_top = 0;
-  int64_t count = 0;
-  // Adds one position: base and model logits rows over the same vocabulary.
-  void add(std::span<const float> base, std::span<const float> model);
-  double mean_kl() const { return count ? sum_kl / count : 0; }
-  double kl_error() const;
-  double top1() const { return count ? static_cast<double>(n_same_top) / count : 0; }
-  double top1_error() const;
-
- private:
-  std::vector<double> lb_, lm_;
-};
-
-// Chunk geometry: number of chunks for n_tokens tokens (capped by max_chunks when > 0).
-int n_chunks(int64_t n_tokens, int n_ctx, int max_chunks);
-inline int first_scored(int n_ctx) {
-  return n_ctx / 2;
-}
 
 }  // namespace tandem::quant

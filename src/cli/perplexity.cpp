@@ -4,7 +4,7 @@
 // The text is tokenized whole (BOS as the vocab says), cut into non-overlapping chunks of n_ctx
 // tokens; the first token of every chunk is replaced by BOS when the vocab adds one; each chunk
 // is evaluated from an empty cache and only its second half is scored (logits at positions
-// n_ctx/2 .. n_ctx-2 predict the tokens after them). Statistics: src/quantize/perplexity.h.
+// n_ctx/2 .. n_ctx-2 predict the tokens after them). Statistics: include/tandem/perplexity.h.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -15,7 +15,7 @@
 #include "cli/model_flag.h"
 #include "tandem/engine.h"
 #include "tandem/error.h"
-#include "tandem/quantize.h"
+#include "tandem/perplexity.h"
 
 namespace tandem::cli {
 namespace {
@@ -59,7 +59,7 @@ class PerplexityCommand : public Command {
     const int n_chunk = count_chunks(tokens.size());
     std::fprintf(
         stderr, "perplexity: %s: %zu tokens, %d chunks of %d (scoring %d per chunk), batch %d%s\n",
-        model_.c_str(), tokens.size(), n_chunk, n_ctx_, n_ctx_ - 1 - quant::first_scored(n_ctx_),
+        model_.c_str(), tokens.size(), n_chunk, n_ctx_, n_ctx_ - 1 - eval::first_scored(n_ctx_),
         n_batch_, base ? (", KL base " + kl_base_).c_str() : "");
 
     ContextParams cp;
@@ -82,9 +82,9 @@ class PerplexityCommand : public Command {
  private:
   // What the scored positions add up to.
   struct Tally {
-    quant::PplStats ppl, base_ppl;  // the model's, and the base's (--kl-base)
-    quant::KlStats kl;              // KL(base||model) and top-1 agreement (--kl-base)
-    std::vector<double> running;    // the model's PPL after each chunk
+    eval::PplStats ppl, base_ppl;  // the model's, and the base's (--kl-base)
+    eval::KlStats kl;              // KL(base||model) and top-1 agreement (--kl-base)
+    std::vector<double> running;   // the model's PPL after each chunk
   };
 
   std::string read_text() const {
@@ -106,7 +106,7 @@ class PerplexityCommand : public Command {
 
   // The chunks to evaluate (--chunks at most); a text too short for one is an error.
   int count_chunks(size_t n_tokens) const {
-    const int n_chunk = quant::n_chunks(static_cast<int64_t>(n_tokens), n_ctx_, max_chunks_);
+    const int n_chunk = eval::n_chunks(static_cast<int64_t>(n_tokens), n_ctx_, max_chunks_);
     if (n_chunk == 0) {
       throw Error("'" + file_ + "' has " + std::to_string(n_tokens) +
                   " tokens; need at least 2 * n_ctx = " + std::to_string(2 * n_ctx_) +
@@ -141,7 +141,7 @@ class PerplexityCommand : public Command {
   // row p's logits predict token p + 1.
   void score_chunk(const Model& model, const std::vector<TokenId>& tokens, size_t start,
                    Context& ctx, Context* bctx, Tally& tally) const {
-    const int first = quant::first_scored(n_ctx_);
+    const int first = eval::first_scored(n_ctx_);
     const bool add_bos = model.adds_bos();
     ctx.clear(0);
     if (bctx) bctx->clear(0);
@@ -160,10 +160,10 @@ class PerplexityCommand : public Command {
       for (int p = std::max(b0, first); p < b1 && p <= n_ctx_ - 2; ++p) {
         const auto l = ctx.logits(p - b0);
         const TokenId next = tokens[start + p + 1];
-        tally.ppl.add_logprob(quant::token_logprob(l, next));
+        tally.ppl.add_logprob(eval::token_logprob(l, next));
         if (bctx) {
           const auto bl = bctx->logits(p - b0);
-          tally.base_ppl.add_logprob(quant::token_logprob(bl, next));
+          tally.base_ppl.add_logprob(eval::token_logprob(bl, next));
           tally.kl.add(bl, l);
         }
       }

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
-#include "quantize/perplexity.h"
+#include "tandem/perplexity.h"
 
-namespace tandem::quant {
+namespace tandem::eval {
 namespace {
 
 TEST(Perplexity, LogprobIsLogSoftmax) {
@@ -73,4 +73,4 @@ TEST(Perplexity, ChunkGeometry) {
 }
 
 }  // namespace
-}  // namespace tandem::quant
+}  // namespace tandem::eval

@@ -1,12 +1,12 @@
-// Perplexity and KL statistics; see perplexity.h.
-#include "quantize/perplexity.h"
+// Perplexity and KL statistics; see tandem/perplexity.h.
+#include "tandem/perplexity.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
 
-namespace tandem::quant {
+namespace tandem::eval {
 
 double token_logprob(std::span<const float> logits, int token) {
   if (token < 0 || static_cast<size_t>(token) >= logits.size()) {
@@ -80,4 +80,4 @@ int n_chunks(int64_t n_tokens, int n_ctx, int max_chunks) {
   return static_cast<int>(n);
 }
 
-}  // namespace tandem::quant
+}  // namespace tandem::eval
