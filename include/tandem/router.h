@@ -12,7 +12,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -74,6 +73,9 @@ double default_threshold(RouterPolicy policy);
 struct RouteDecision {
   bool cloud = false;
   float score = 0;  // higher: more reason to ask the cloud
+  // The threshold the score was held against (computed once per decision: a target-rate
+  // controller's quantile over its window). The random policy: 1 - its rate.
+  double threshold = 0;
 };
 
 // Keeps the realised cloud share of tokens near a target rate R: the threshold is the (1-R)
@@ -93,15 +95,24 @@ class TargetRateController {
   double realised_share() const;
   double target() const { return target_; }
 
+  // What the controller has learned (its window of scores and its integral): what a snapshot
+  // needs to put it back, nothing of its settings or scratch. The window is a ring [window].
+  struct State {
+    std::vector<double> scores;  // at most window, oldest at `next` once full
+    size_t next = 0;             // where the next score goes once the ring is full
+    double integral = 0;         // accumulated (cloud indicator - target), per token
+    uint64_t tokens = 0, cloud_tokens = 0;
+  };
+  const State& state() const { return state_; }
+  void restore(const State& state) { state_ = state; }
+
  private:
   double level() const;
   double target_;
   size_t window_;
   double gain_;
-  std::deque<double> scores_;
-  std::vector<double> sorted_;  // scratch
-  double integral_ = 0;         // accumulated (cloud indicator - target), per token
-  uint64_t tokens_ = 0, cloud_tokens_ = 0;
+  State state_;
+  mutable std::vector<double> sorted_;  // scratch for the quantile
 };
 
 class Router {
@@ -114,6 +125,16 @@ class Router {
   // The decision produced n_tokens tokens, from the cloud or (fallback) locally.
   void record(bool cloud, int n_tokens);
   double threshold() const;
+
+  // What decisions change (the controller's window and integral, the random stream): a
+  // snapshot a decoder keeps per in-flight consultation or held token and puts back when the
+  // cloud's answer differs from its guess. The config stays with the router.
+  struct State {
+    TargetRateController::State controller;  // empty without a target rate
+    uint64_t rng = 0;
+  };
+  State state() const;
+  void restore(const State& state);
 
  private:
   RouterConfig config_;

@@ -145,10 +145,10 @@ float EdgeDecoder::route_score(bool* cloud, double* threshold) {
   RouterSignal s =
       router_signal_from_logits(logits_, static_cast<int>(history_.size()), options_.top_k_signal);
   if (options_.signal_hidden) s.hidden = hidden_;
-  *threshold = router_.threshold();  // before decide(): a target-rate controller moves it there
   const RouteDecision d = router_.decide(s);
   local_ms_ += ms_since(t0);
   *cloud = d.cloud;
+  *threshold = d.threshold;
   return d.score;
 }
 
@@ -161,7 +161,7 @@ namespace {
 struct Flight {
   uint64_t ticket = 0;
   size_t pos = 0;  // history length at the consulted position
-  Router router;
+  Router::State router;
   Sampler::State sampler;
   std::vector<float> logits, hidden;  // [n_vocab], [n_embd] or empty
   float score = 0;
@@ -177,7 +177,7 @@ struct Flight {
 // answer there (blocking mode would have stopped in that state).
 struct Held {
   EdgeToken token;
-  Router router;
+  Router::State router;
   Sampler::State sampler;
   size_t history_len = 0;
 };
@@ -274,7 +274,7 @@ struct EdgeDecoder::Turn {
     d.sampler_.accept(id);
     const EdgeToken token{id, source, score, edge_top1, fallback, decided_threshold};
     if (!flights.empty()) {
-      held.push_back(Held{token, d.router_, d.sampler_.state(), d.history_.size()});
+      held.push_back(Held{token, d.router_.state(), d.sampler_.state(), d.history_.size()});
     } else if (!publish(token)) {
       res.stop = StopReason::Callback;
       return false;
@@ -422,12 +422,18 @@ struct EdgeDecoder::Turn {
   // device's own greedy continuation, holding its tokens and every later one back until the
   // answer is in.
   bool route_ahead(const CloudOp& op, float score, TokenId edge_guess) {
-    Flight f{0,          d.history_.size(),
-             d.router_,  d.sampler_.state(),
-             d.logits_,  d.hidden_,
-             score,      decided_threshold,
-             edge_guess, {},
-             {},         {}};
+    Flight f{0,
+             d.history_.size(),
+             d.router_.state(),
+             d.sampler_.state(),
+             d.logits_,
+             d.hidden_,
+             score,
+             decided_threshold,
+             edge_guess,
+             {},
+             {},
+             {}};
     f.guess = greedy_chain(edge_guess, op.n_generate);
     std::string why;
     f.ticket = d.link_->begin(d.history_, op, f.guess, &why);
@@ -499,7 +505,7 @@ struct EdgeDecoder::Turn {
     while (n < held.size() && held[n].history_len <= upto) ++n;
     for (size_t i = 0; i < n; ++i) {
       if (publish(held[i].token)) continue;
-      d.router_ = std::move(held[i].router);
+      d.router_.restore(held[i].router);
       d.sampler_.restore(std::move(held[i].sampler));
       d.history_.resize(held[i].history_len);
       st.wasted_tokens += static_cast<int>(held.size() - i - 1);
@@ -527,7 +533,7 @@ struct EdgeDecoder::Turn {
     held.clear();
     held_stop.reset();
     d.history_.resize(f.pos);
-    d.router_ = f.router;
+    d.router_.restore(f.router);
     d.sampler_.restore(f.sampler);
     decided_threshold = f.threshold;
     if (d.local_tokens_.size() > f.pos) {
@@ -632,8 +638,9 @@ struct EdgeDecoder::Turn {
   // decoder's state is kept as it was before the drafts (f.pos), for a verdict that differs.
   bool verify_ahead(const CloudOp& op, std::vector<TokenId> drafts) {
     const size_t pos = d.history_.size();
-    Flight f{0,  pos, d.router_, d.sampler_.state(), {}, {}, 0.0f, decided_threshold, -1,
-             {}, {},  {}};
+    Flight f{
+        0,  pos, d.router_.state(), d.sampler_.state(), {}, {}, 0.0f, decided_threshold, -1, {},
+        {}, {}};
     // The block goes out before the last draft is decoded (that decode would only delay it);
     // the small model's next token then completes the guess, here and on the link.
     std::string why;

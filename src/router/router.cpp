@@ -120,15 +120,15 @@ TargetRateController::TargetRateController(double target_rate, int window, doubl
 }
 
 double TargetRateController::level() const {
-  return std::clamp(1.0 - target_ + gain_ * integral_, 0.0, 1.0);
+  return std::clamp(1.0 - target_ + gain_ * state_.integral, 0.0, 1.0);
 }
 
 double TargetRateController::threshold() const {
   if (target_ <= 0) return std::numeric_limits<double>::infinity();
   if (target_ >= 1) return -std::numeric_limits<double>::infinity();
-  if (scores_.empty()) return std::numeric_limits<double>::infinity();
-  auto& sorted = const_cast<std::vector<double>&>(sorted_);
-  sorted.assign(scores_.begin(), scores_.end());
+  if (state_.scores.empty()) return std::numeric_limits<double>::infinity();
+  std::vector<double>& sorted = sorted_;
+  sorted.assign(state_.scores.begin(), state_.scores.end());  // the ring's order does not matter
   // Scores strictly above the level-quantile go to the cloud: with n sorted scores, the one at
   // index ceil(level * n) - 1 leaves a share (1 - level) above it.
   const double n = static_cast<double>(sorted.size());
@@ -140,8 +140,13 @@ double TargetRateController::threshold() const {
 }
 
 void TargetRateController::observe_score(double score) {
-  scores_.push_back(score);
-  if (scores_.size() > window_) scores_.pop_front();
+  std::vector<double>& ring = state_.scores;
+  if (ring.size() < window_) {
+    ring.push_back(score);
+    return;
+  }
+  ring[state_.next] = score;  // the oldest goes
+  state_.next = (state_.next + 1) % window_;
 }
 
 void TargetRateController::seed_scores(std::span<const float> scores) {
@@ -150,14 +155,14 @@ void TargetRateController::seed_scores(std::span<const float> scores) {
 
 void TargetRateController::observe_outcome(bool cloud, int n_tokens) {
   if (n_tokens <= 0) return;
-  tokens_ += n_tokens;
-  if (cloud) cloud_tokens_ += n_tokens;
-  integral_ += n_tokens * ((cloud ? 1.0 : 0.0) - target_);
-  integral_ = std::clamp(integral_, -kIntegralLimit, kIntegralLimit);
+  state_.tokens += n_tokens;
+  if (cloud) state_.cloud_tokens += n_tokens;
+  state_.integral += n_tokens * ((cloud ? 1.0 : 0.0) - target_);
+  state_.integral = std::clamp(state_.integral, -kIntegralLimit, kIntegralLimit);
 }
 
 double TargetRateController::realised_share() const {
-  return tokens_ ? static_cast<double>(cloud_tokens_) / tokens_ : 0.0;
+  return state_.tokens ? static_cast<double>(state_.cloud_tokens) / state_.tokens : 0.0;
 }
 
 // ---- Router ----
@@ -201,11 +206,14 @@ double Router::threshold() const {
 
 RouteDecision Router::decide(const RouterSignal& signal) {
   RouteDecision d;
+  d.threshold = threshold();  // once: a target-rate controller's quantile is not free
   switch (config_.policy) {
     case RouterPolicy::Always:
-      return {true, 1.0f};
+      d.cloud = true;
+      d.score = 1.0f;
+      return d;
     case RouterPolicy::Never:
-      return {false, 0.0f};
+      return d;
     case RouterPolicy::Random: {
       // score = 1 - u with u uniform in [0, 1): the cloud when u < rate.
       const double u = unit_interval(splitmix64(rng_state_));
@@ -217,13 +225,25 @@ RouteDecision Router::decide(const RouterSignal& signal) {
       break;
   }
   d.score = score(signal);
-  d.cloud = d.score > threshold();
+  d.cloud = d.score > d.threshold;
   if (controller_) controller_->observe_score(d.score);
   return d;
 }
 
 void Router::record(bool cloud, int n_tokens) {
   if (controller_) controller_->observe_outcome(cloud, n_tokens);
+}
+
+Router::State Router::state() const {
+  State s;
+  if (controller_) s.controller = controller_->state();
+  s.rng = rng_state_;
+  return s;
+}
+
+void Router::restore(const State& state) {
+  if (controller_) controller_->restore(state.controller);
+  rng_state_ = state.rng;
 }
 
 std::vector<RouteDecision> replay_decisions(const RouterConfig& config,

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <stdexcept>
 #include <vector>
 
@@ -100,6 +101,40 @@ double run_stream(Router& router, int n_decisions, int route_span, ScoreFn next_
     if (d.cloud) cloud += n;
   }
   return static_cast<double>(cloud) / tokens;
+}
+
+// A decoder snapshots the router per in-flight consultation (Router::State) and puts it back
+// when the cloud's answer differs from its guess: the decisions after a restore are those the
+// router took from that point the first time, for the target-rate controller (window, integral,
+// past a full ring) and the random stream.
+TEST(RouterState, RestoreReplaysTheSameDecisions) {
+  for (const char* policy : {"confidence", "random:0.3:7"}) {
+    RouterConfig c = parse_router_policy(policy);
+    if (c.policy != RouterPolicy::Random) c.target_rate = 0.2;
+    c.window = 16;
+    Router router(c);
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> p(0.3f, 1.0f);
+    std::vector<RouterSignal> stream;
+    for (int i = 0; i < 100; ++i) {
+      const float p1 = p(rng);
+      stream.push_back(signal_with(p1, (1 - p1) / 2, 1.0f));
+    }
+    auto run = [&](size_t from, size_t to) {
+      std::vector<std::pair<bool, double>> out;
+      for (size_t i = from; i < to; ++i) {
+        const RouteDecision d = router.decide(stream[i]);
+        router.record(d.cloud, 1);
+        out.emplace_back(d.cloud, d.threshold);
+      }
+      return out;
+    };
+    run(0, 40);  // past a full window
+    const Router::State snapshot = router.state();
+    const auto first = run(40, 100);
+    router.restore(snapshot);
+    EXPECT_EQ(run(40, 100), first) << policy;
+  }
 }
 
 TEST(TargetRate, TracksTheRateOnAStationaryStream) {
