@@ -27,7 +27,6 @@
 #include <functional>
 #include <limits>
 #include <memory>
-#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -271,10 +270,10 @@ struct EdgeResult {
 // context_full, stopped.
 std::string stop_reason_name(StopReason stop);
 
-// EdgeStats as the JSON object `tandem run --json` prints under "stats" (docs/client.md, the
-// --json contract) and the browser view sends with its "done" event. A JSON value rather than
-// text because both put it inside JSON of their own.
-nlohmann::json edge_stats_json(const EdgeStats& stats);
+// EdgeStats as the JSON object (text) `tandem run --json` prints under "stats" (docs/client.md,
+// the --json contract) and the browser view sends with its "done" event: every field of
+// visit_edge_stats, last_cloud_error only when there was one.
+std::string edge_stats_json(const EdgeStats& stats);
 
 // Called per produced token with its text piece (may be empty while a UTF-8 character is
 // incomplete); return false to stop.

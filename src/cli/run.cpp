@@ -91,7 +91,7 @@ class RunCommand : public Command {
         sources.push_back(s == TokenSource::Cloud ? "cloud" : "local");
       j["source"] = sources;
       j["score"] = r.scores;
-      j["stats"] = edge_stats_json(r.stats);
+      j["stats"] = nlohmann::json::parse(edge_stats_json(r.stats));
       j["mode"] = flags_.edge.mode;
       j["stop"] = stop_reason_name(r.stop);
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -180,7 +180,7 @@ class RunCommand : public Command {
         }
         j["source"] = sources;
         j["score"] = r.scores;
-        j["stats"] = edge_stats_json(r.stats);
+        j["stats"] = nlohmann::json::parse(edge_stats_json(r.stats));
         std::printf("%s\n",
                     j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       } else {

@@ -23,7 +23,7 @@ std::string stop_reason_name(StopReason stop) {
   return "length";
 }
 
-nlohmann::json edge_stats_json(const EdgeStats& s) {
+std::string edge_stats_json(const EdgeStats& s) {
   nlohmann::json j;
   visit_edge_stats(
       [&j](const char* name, const auto& field) {
@@ -33,7 +33,7 @@ nlohmann::json edge_stats_json(const EdgeStats& s) {
         j[name] = field;
       },
       s);
-  return j;
+  return j.dump();
 }
 
 void add_edge_stats(EdgeStats& total, const EdgeStats& one) {

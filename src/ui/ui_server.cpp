@@ -671,7 +671,7 @@ void UiServer::run_turn(Turn& turn) {
   const EdgeResult result = decoder_->generate(context, r.n_predict, on_token);
   conversation_ = decoder_->history();
 
-  json stats = edge_stats_json(result.stats);
+  json stats = json::parse(edge_stats_json(result.stats));
   publish(turn, {{"type", "done"},
                  {"stop", stop_reason_name(result.stop)},
                  {"text", result.text},
