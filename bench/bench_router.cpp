@@ -7,6 +7,7 @@
 //   ./bench_router --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -14,6 +15,7 @@
 
 #include "tandem/router.h"
 #include "tandem/router_mlp.h"
+#include "tandem/vector_ops.h"
 
 namespace {
 
@@ -113,7 +115,46 @@ void BM_SignalFromLogits(benchmark::State& state) {
     benchmark::DoNotOptimize(s.entropy);
   }
 }
-BENCHMARK(BM_SignalFromLogits)->Arg(32000)->Arg(262144)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SignalFromLogits)->Arg(32000)->Arg(151936)->Arg(262144)->Unit(benchmark::kMicrosecond);
+
+// top_n's scan before its block prefilter (2026-12-07): every logit compared with the heap's
+// worst, one at a time. Kept here only to measure the ratio in one run.
+std::vector<int> top_n_every_logit(const std::vector<float>& logits, int n) {
+  const auto better = [&](int a, int b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::vector<int> best;
+  for (int i = 0; i < static_cast<int>(logits.size()); ++i) {
+    if (static_cast<int>(best.size()) < n) {
+      best.push_back(i);
+      std::push_heap(best.begin(), best.end(), better);
+    } else if (better(i, best.front())) {
+      std::pop_heap(best.begin(), best.end(), better);
+      best.back() = i;
+      std::push_heap(best.begin(), best.end(), better);
+    }
+  }
+  std::sort(best.begin(), best.end(), better);
+  return best;
+}
+
+// The top 8 of a row of the Qwen (151,936) and Gemma (262,144) vocabularies: Arg(1) the scan
+// top_n does, Arg(0) the one it did. Logits as in BM_SignalFromLogits.
+void BM_TopEight(benchmark::State& state) {
+  std::vector<float> logits(static_cast<size_t>(state.range(0)));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0, 3);
+  for (float& x : logits) x = nd(rng);
+  const bool blocked = state.range(1) == 1;
+  for (auto _ : state) {
+    if (blocked) {
+      benchmark::DoNotOptimize(top_n(logits, 8, 0.0).front().id);
+    } else {
+      benchmark::DoNotOptimize(top_n_every_logit(logits, 8).front());
+    }
+  }
+}
+BENCHMARK(BM_TopEight)->ArgsProduct({{151936, 262144}, {0, 1}})->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -29,6 +29,10 @@ std::vector<std::vector<float>> Rows() {
     x[n / 2] = -INFINITY;
     rows.push_back(x);
   }
+  // Few distinct values: ties everywhere, across top_n's blocks of 64, the lower id first.
+  std::vector<float> ties(5000);
+  for (size_t i = 0; i < ties.size(); ++i) ties[i] = static_cast<float>((i * 7919) % 5);
+  rows.push_back(ties);
   return rows;
 }
 
