@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "common/history_hash.h"
 #include "net/http_client.h"
+#include "net/native_protocol.h"
 #include "tandem/client.h"
 
 namespace tandem {
@@ -29,7 +30,7 @@ namespace {
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-constexpr const char* kSessions = "/tandem/v1/sessions";
+constexpr const char* kSessions = protocol::kSessionsPath;
 // A session's answer lists at most this many end-of-generation ids.
 constexpr size_t kMaxEogTokens = 4096;
 // Connections for chained steps: a sync and two consultations in flight at once, which is what
@@ -139,7 +140,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       in_generation_ = 0;
     }
     json body = step_body(history, op, from, cut);
-    body["queue"] = true;
+    body[protocol::kQueue] = true;
     ++counters_.chained_steps;
     rewind_pending_ = false;
     chain_.assign(history.begin(), history.end());
@@ -262,21 +263,22 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   // tokens (a step that reached it out of turn) refuse the step instead of running it there.
   json step_body(std::span<const TokenId> history, const CloudOp& op, size_t from, bool cut) const {
     json body;
-    body["expected_pos"] = from;
-    if (can_hash_) body["expected_hash"] = HistoryHash::hex(HistoryHash::of(history.first(from)));
-    if (cut) body["rewind_to"] = from;
-    body["append"] = std::vector<TokenId>(history.begin() + from, history.end());
+    body[protocol::kExpectedPos] = from;
+    if (can_hash_)
+      body[protocol::kExpectedHash] = HistoryHash::hex(HistoryHash::of(history.first(from)));
+    if (cut) body[protocol::kRewindTo] = from;
+    body[protocol::kAppend] = std::vector<TokenId>(history.begin() + from, history.end());
     if (op.kind == CloudOpKind::Generate) {
       json g;
-      g["n"] = op.n_generate;
+      g[protocol::kN] = op.n_generate;
       g["temperature"] = std::max(0.0f, op.sampling.temp);
       g["top_k"] = std::max(0, op.sampling.top_k);
       g["top_p"] = op.sampling.top_p;
       g["min_p"] = std::max(0.0f, op.sampling.min_p);
       if (op.send_seed) g["seed"] = op.sampling.seed;
-      body["generate"] = g;
+      body[protocol::kGenerate] = g;
     } else if (op.kind == CloudOpKind::Verify) {
-      body["verify"] = {{"draft", op.draft}};
+      body[protocol::kVerify] = {{protocol::kDraft, op.draft}};
     }
     return body;
   }
@@ -315,7 +317,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     const auto e_it = top.find("error");
     const json& e = e_it != top.end() && e_it->is_object() ? *e_it : top;
     const std::string code = cloud::string_field_or(e, "code", what, 64, "");
-    if (code == "history_mismatch") {
+    if (code == protocol::kHistoryMismatch) {
       // The session holds other tokens than the edge believed (a step that reached it out of
       // turn): send the whole history from position 0, where the server keeps what matches (KV
       // too), or replay it into a new session.
@@ -328,15 +330,16 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       }
       return;
     }
-    if (code == "session_busy") {
+    if (code == protocol::kSessionBusy) {
       // tandem serve answers this (not in protocol v1) while an earlier step of the session,
       // whose answer the edge gave up on, still runs: its outcome is unknown, try later.
       mirror_.assign(history.begin(), history.end());
       throw CloudError(CloudError::Kind::Unavailable,
                        what + ": the session is still running an earlier step", 0.05);
     }
-    const int64_t pos = cloud::int_field_or(e, "pos", what, 0, INT_MAX,
-                                            cloud::int_field_or(top, "pos", what, 0, INT_MAX, -1));
+    const int64_t pos =
+        cloud::int_field_or(e, protocol::kPos, what, 0, INT_MAX,
+                            cloud::int_field_or(top, protocol::kPos, what, 0, INT_MAX, -1));
     ++counters_.resends;
     if (pos >= 0 && static_cast<size_t>(pos) <= mirror_.size() &&
         static_cast<size_t>(pos) <= history.size()) {
@@ -408,17 +411,18 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   void open_session() {
     drop_session();
     const cloud::AnswerCap cap = session_cap();
-    const net::HttpResponse r = send("POST", kSessions, R"({"protocol":1})", cap);
+    const net::HttpResponse r =
+        send("POST", kSessions, json{{protocol::kProtocol, protocol::kVersion}}.dump(), cap);
     const std::string what = "creating a cloud session at " + http_.url().origin();
     if (r.status != 201 && r.status != 200) throw cloud::status_error(r, what);
     const json j = cloud::parse_answer(r, what, cap);
-    const json& m = cloud::object_field(j, "model", what);
+    const json& m = cloud::object_field(j, protocol::kModel, what);
     CloudModelInfo info;
     info.name = cloud::excerpt(cloud::string_field_or(m, "name", what, 1024, ""), 128);
     info.arch = cloud::excerpt(cloud::string_field_or(m, "arch", what, 1024, ""), 64);
     info.n_vocab = static_cast<int>(cloud::int_field(m, "n_vocab", what, 1, INT_MAX));
     info.vocab_hash = cloud::string_field(m, "vocab_hash", what, 64);
-    session_ = cloud::string_field(j, "session", what, 64);
+    session_ = cloud::string_field(j, protocol::kSession, what, 64);
     if (session_.empty() ||
         session_.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
                                    "0123456789-_.~") != std::string::npos) {
@@ -456,8 +460,8 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     info.bos = static_cast<TokenId>(cloud::int_field_or(m, "bos", what, -1, n - 1, -1));
     info.eos = static_cast<TokenId>(cloud::int_field_or(m, "eos", what, -1, n - 1, -1));
     if (cloud::has(m, "eog")) info.eog = cloud::token_field(m, "eog", what, n, kMaxEogTokens);
-    if (cloud::has(j, "limits")) {
-      const json& l = cloud::object_field(j, "limits", what);
+    if (cloud::has(j, protocol::kLimits)) {
+      const json& l = cloud::object_field(j, protocol::kLimits, what);
       info.n_ctx = static_cast<int>(cloud::int_field_or(l, "n_ctx", what, 0, INT_MAX, 0));
       info.max_step_tokens =
           static_cast<int>(cloud::int_field_or(l, "max_step_tokens", what, 0, INT_MAX, 0));
@@ -466,11 +470,11 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       info.max_draft = static_cast<int>(cloud::int_field_or(l, "max_draft", what, 0, INT_MAX, 0));
     }
     can_rewind_ = can_queue_ = can_hash_ = false;
-    if (const auto f = j.find("features"); f != j.end() && f->is_array()) {
+    if (const auto f = j.find(protocol::kFeatures); f != j.end() && f->is_array()) {
       for (const json& name : *f) {
-        can_rewind_ |= name.is_string() && name == "rewind";
-        can_queue_ |= name.is_string() && name == "queue";
-        can_hash_ |= name.is_string() && name == "history_hash";
+        can_rewind_ |= name.is_string() && name == protocol::kFeatureRewind;
+        can_queue_ |= name.is_string() && name == protocol::kFeatureQueue;
+        can_hash_ |= name.is_string() && name == protocol::kFeatureHistoryHash;
       }
     }
   }
@@ -482,19 +486,20 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     const json j = cloud::parse_answer(r, what, step_cap(op));
     const size_t max_tokens = answer_tokens(op);
     CloudStepResult out;
-    out.pos = static_cast<int>(cloud::int_field(j, "pos", what, 0, INT_MAX));
-    if (cloud::has(j, "tokens")) {
-      out.tokens = cloud::token_field(j, "tokens", what, edge_n_vocab_, max_tokens);
+    out.pos = static_cast<int>(cloud::int_field(j, protocol::kPos, what, 0, INT_MAX));
+    if (cloud::has(j, protocol::kTokens)) {
+      out.tokens = cloud::token_field(j, protocol::kTokens, what, edge_n_vocab_, max_tokens);
     }
-    if (cloud::has(j, "logprobs")) {
-      out.logprobs = cloud::number_array(j["logprobs"], "logprobs", what, out.tokens.size());
+    if (cloud::has(j, protocol::kLogprobs)) {
+      out.logprobs =
+          cloud::number_array(j[protocol::kLogprobs], protocol::kLogprobs, what, out.tokens.size());
     }
-    out.accepted = static_cast<int>(
-        cloud::int_field_or(j, "accepted", what, 0, static_cast<int64_t>(op.draft.size()), 0));
+    out.accepted = static_cast<int>(cloud::int_field_or(j, protocol::kAccepted, what, 0,
+                                                        static_cast<int64_t>(op.draft.size()), 0));
     // The server runs at most the history it was sent (a replay: all of it).
-    out.prefilled = static_cast<int>(
-        cloud::int_field_or(j, "prefilled", what, 0, static_cast<int64_t>(history_size), 0));
-    out.stop = cloud::string_field_or(j, "stop", what, 32, "");
+    out.prefilled = static_cast<int>(cloud::int_field_or(j, protocol::kPrefilled, what, 0,
+                                                         static_cast<int64_t>(history_size), 0));
+    out.stop = cloud::string_field_or(j, protocol::kStop, what, 32, "");
     const size_t n = out.tokens.size();
     bool ok = true;
     if (op.kind == CloudOpKind::Generate) ok = n >= 1;

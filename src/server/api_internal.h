@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "net/native_protocol.h"
 #include "server/api.h"
 #include "tandem/vector_ops.h"
 #include "tokenizer/tokenizer.h"
@@ -105,7 +106,8 @@ struct Api::Impl {
   // Additions to protocol 1 a client may use when listed: "rewind" (a step's rewind_to),
   // "queue" (a step's queue: wait behind the session's running step), "cancel" (POST
   // /tandem/v1/sessions/{id}/cancel), "history_hash" (a step's expected_hash).
-  const json features_json = json::array({"rewind", "queue", "cancel", "history_hash"});
+  const json features_json = json::array({protocol::kFeatureRewind, protocol::kFeatureQueue,
+                                          protocol::kFeatureCancel, protocol::kFeatureHistoryHash});
 
   // Last, so it is destroyed first: its threads stop before anything they use goes away.
   std::unique_ptr<CpuWorkers> workers;

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 
+#include "net/native_protocol.h"
 #include "server/api_internal.h"
 
 namespace tandem::server {
@@ -39,44 +40,47 @@ void refuse_unknown_fields(const json& j, std::initializer_list<const char*> kno
 }
 
 StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& o) {
-  refuse_unknown_fields(j,
-                        {"expected_pos", "expected_hash", "rewind_to", "append", "generate",
-                         "verify", "top_n", "queue"},
-                        "a step");
+  refuse_unknown_fields(
+      j,
+      {protocol::kExpectedPos, protocol::kExpectedHash, protocol::kRewindTo, protocol::kAppend,
+       protocol::kGenerate, protocol::kVerify, protocol::kTopN, protocol::kQueue},
+      "a step");
   StepRequest r;
   StepStart& st = r.start;
-  if (!field(j, "expected_pos")) throw bad("expected_pos", "is required");
-  st.expected_pos = static_cast<int>(get_int(j, "expected_pos", 0, 0, n_ctx));
-  if (field(j, "rewind_to")) {
-    st.rewind_to = static_cast<int>(get_int(j, "rewind_to", 0, 0, n_ctx));
+  if (!field(j, protocol::kExpectedPos)) throw bad(protocol::kExpectedPos, "is required");
+  st.expected_pos = static_cast<int>(get_int(j, protocol::kExpectedPos, 0, 0, n_ctx));
+  if (field(j, protocol::kRewindTo)) {
+    st.rewind_to = static_cast<int>(get_int(j, protocol::kRewindTo, 0, 0, n_ctx));
     if (st.expected_pos != st.rewind_to) {
-      throw bad("expected_pos", "must equal rewind_to (" + std::to_string(st.rewind_to) +
-                                    "): it counts the history after the cut");
+      throw bad(protocol::kExpectedPos, "must equal rewind_to (" + std::to_string(st.rewind_to) +
+                                            "): it counts the history after the cut");
     }
   }
-  if (const json* h = field(j, "expected_hash")) {
+  if (const json* h = field(j, protocol::kExpectedHash)) {
     st.expected_hash =
         h->is_string() ? HistoryHash::parse_hex(h->get_ref<const std::string&>()) : std::nullopt;
     if (!st.expected_hash) {
-      throw bad("expected_hash", "must be 16 lowercase hex digits (the history's FNV-1a hash)");
+      throw bad(protocol::kExpectedHash,
+                "must be 16 lowercase hex digits (the history's FNV-1a hash)");
     }
   }
-  if (const json* a = field(j, "append")) st.append = get_ids(*a, "append", n_vocab, n_ctx);
-  r.top_n = static_cast<int>(get_int(j, "top_n", 0, 0, o.max_top_n));
-  r.queue = get_bool(j, "queue", false);
-  const json* g = field(j, "generate");
-  const json* v = field(j, "verify");
-  if (g && v) throw bad("generate", "and 'verify' cannot be in one step");
+  if (const json* a = field(j, protocol::kAppend))
+    st.append = get_ids(*a, protocol::kAppend, n_vocab, n_ctx);
+  r.top_n = static_cast<int>(get_int(j, protocol::kTopN, 0, 0, o.max_top_n));
+  r.queue = get_bool(j, protocol::kQueue, false);
+  const json* g = field(j, protocol::kGenerate);
+  const json* v = field(j, protocol::kVerify);
+  if (g && v) throw bad(protocol::kGenerate, "and 'verify' cannot be in one step");
   if (g) {
-    if (!g->is_object()) throw bad("generate", "must be an object");
+    if (!g->is_object()) throw bad(protocol::kGenerate, "must be an object");
     r.kind = StepKind::Generate;
-    r.n = static_cast<int>(get_int(*g, "n", 1, 1, o.max_generate));
+    r.n = static_cast<int>(get_int(*g, protocol::kN, 1, 1, o.max_generate));
     r.sampling = get_sampling(*g, 0.0);
     st.extra_tokens = r.n;
   }
   if (v) {
-    if (!v->is_object()) throw bad("verify", "must be an object");
-    const json* d = field(*v, "draft");
+    if (!v->is_object()) throw bad(protocol::kVerify, "must be an object");
+    const json* d = field(*v, protocol::kDraft);
     if (!d) throw bad("verify.draft", "is required");
     r.draft = get_ids(*d, "verify.draft", n_vocab, static_cast<size_t>(o.max_draft));
     if (r.draft.empty()) throw bad("verify.draft", "must hold at least one token");
@@ -88,9 +92,9 @@ StepRequest parse_step(const json& j, int n_vocab, int n_ctx, const ApiOptions& 
 
 // The cancel body: {"from_pos": p}.
 int parse_cancel(const json& j, int n_ctx) {
-  refuse_unknown_fields(j, {"from_pos"}, "a cancel");
-  if (!field(j, "from_pos")) throw bad("from_pos", "is required");
-  return static_cast<int>(get_int(j, "from_pos", 0, 0, n_ctx));
+  refuse_unknown_fields(j, {protocol::kFromPos}, "a cancel");
+  if (!field(j, protocol::kFromPos)) throw bad(protocol::kFromPos, "is required");
+  return static_cast<int>(get_int(j, protocol::kFromPos, 0, 0, n_ctx));
 }
 
 ApiError lost_session(const std::string& id, const std::string& reason) {
@@ -101,20 +105,22 @@ ApiError lost_session(const std::string& id, const std::string& reason) {
 // The answer for a step that did not start: at once (Api::Impl::step) or when its turn came
 // after waiting (StepJob::on_finish).
 ApiError step_refused(const StepRefusal& r, const StepStart& st, const std::string& id, int n_ctx) {
-  const json pos = {{"pos", r.pos}};
+  const json pos = {{protocol::kPos, r.pos}};
   switch (r.check) {
     case StepCheck::Lost:
       return lost_session(id, r.lost_reason);
     case StepCheck::Busy:
-      return ApiError(409, "session_busy", "session " + id + " is running another step", pos);
-    case StepCheck::PositionMismatch:
-      return ApiError(409, "position_mismatch",
-                      std::string(st.rewind_to >= 0 ? "rewind_to" : "expected_pos") + " is " +
-                          std::to_string(st.expected_pos) + " but the session's history has " +
-                          std::to_string(r.pos) + " tokens",
+      return ApiError(409, protocol::kSessionBusy, "session " + id + " is running another step",
                       pos);
+    case StepCheck::PositionMismatch:
+      return ApiError(
+          409, "position_mismatch",
+          std::string(st.rewind_to >= 0 ? protocol::kRewindTo : protocol::kExpectedPos) + " is " +
+              std::to_string(st.expected_pos) + " but the session's history has " +
+              std::to_string(r.pos) + " tokens",
+          pos);
     case StepCheck::HistoryMismatch:
-      return ApiError(409, "history_mismatch",
+      return ApiError(409, protocol::kHistoryMismatch,
                       "the session's first " + std::to_string(r.pos) +
                           " tokens are not the history expected_hash names",
                       pos);
@@ -235,12 +241,12 @@ class StepJob : public Job {
     metrics_.step_seconds.observe(std::chrono::duration<double>(Clock::now() - enqueued).count());
     if (failure != JobFailure::None) return send_error(*res_, failure_error(failure, message));
     metrics_.generated_tokens += tokens_.size();
-    json out = {{"pos", pos_},
-                {"tokens", tokens_},
-                {"logprobs", logprobs_},
-                {"prefilled", prefilled_},
-                {"stop", stop_.empty() ? "length" : stop_}};
-    if (req_.kind == StepKind::Verify) out["accepted"] = accepted_;
+    json out = {{protocol::kPos, pos_},
+                {protocol::kTokens, tokens_},
+                {protocol::kLogprobs, logprobs_},
+                {protocol::kPrefilled, prefilled_},
+                {protocol::kStop, stop_.empty() ? "length" : stop_}};
+    if (req_.kind == StepKind::Verify) out[protocol::kAccepted] = accepted_;
     if (req_.top_n > 0) {
       json t = json::array();
       for (const auto& e : tops_) t.push_back(top_json(e));
@@ -257,7 +263,7 @@ class StepJob : public Job {
       case JobFailure::Cancelled:  // by POST .../cancel (after a hang-up nobody reads this)
         return ApiError(409, "cancelled",
                         "the step was cancelled: its device abandoned the history it builds on",
-                        {{"pos", history_after}});
+                        {{protocol::kPos, history_after}});
       case JobFailure::NoMemory:
         // Room frees up when running steps end or other clients' idle sessions pass their
         // grace.
@@ -300,17 +306,19 @@ class StepJob : public Job {
 
 void Api::Impl::info(Responder& res) {
   send_json(res, 200,
-            {{"protocol", 1},
-             {"features", features_json},
-             {"model", model_json},
-             {"limits", limits_json}});
+            {{protocol::kProtocol, protocol::kVersion},
+             {protocol::kFeatures, features_json},
+             {protocol::kModel, model_json},
+             {protocol::kLimits, limits_json}});
 }
 
 void Api::Impl::create(const HttpRequest& req, Responder& res, const Credential& who) {
   const json j = parse_body(req.body);
-  const int64_t proto = get_int(j, "protocol", 1, 0, 1000);
-  if (proto != 1) {
-    throw bad("protocol", "is " + std::to_string(proto) + "; this server speaks protocol 1");
+  const int64_t proto = get_int(j, protocol::kProtocol, protocol::kVersion, 0, 1000);
+  if (proto != protocol::kVersion) {
+    throw bad(protocol::kProtocol, "is " + std::to_string(proto) +
+                                       "; this server speaks protocol " +
+                                       std::to_string(protocol::kVersion));
   }
   const CreateResult created = sched.create_session(who.name);
   switch (created.outcome) {
@@ -337,12 +345,12 @@ void Api::Impl::create(const HttpRequest& req, Responder& res, const Credential&
   }
   const std::string& id = created.id;
   send_json(res, 201,
-            {{"session", id},
-             {"pos", 0},
-             {"protocol", 1},
-             {"features", features_json},
-             {"model", model_json},
-             {"limits", limits_json}});
+            {{protocol::kSession, id},
+             {protocol::kPos, 0},
+             {protocol::kProtocol, protocol::kVersion},
+             {protocol::kFeatures, features_json},
+             {protocol::kModel, model_json},
+             {protocol::kLimits, limits_json}});
 }
 
 // Starts the step now, or with "queue": true behind the session's running step; either way the
@@ -351,7 +359,8 @@ void Api::Impl::step(const std::string& id, const HttpRequest& req, std::shared_
                      const Credential& who) {
   StepRequest sr = parse_step(parse_body(req.body), n_vocab(), n_ctx(), options);
   if (sr.kind != StepKind::Sync && sr.start.expected_pos == 0 && sr.start.append.empty()) {
-    throw bad("append", "is empty and so is the session: there is nothing to continue from");
+    throw bad(protocol::kAppend,
+              "is empty and so is the session: there is nothing to continue from");
   }
   const bool may_wait = sr.queue;
   auto job =
@@ -372,7 +381,7 @@ void Api::Impl::cancel(const std::string& id, const HttpRequest& req, Responder&
   const int from_pos = parse_cancel(parse_body(req.body), n_ctx());
   int count = 0, pos = 0;
   if (!sched.cancel_steps(id, who.name, from_pos, &count, &pos)) throw session_lost(id, who);
-  send_json(res, 200, {{"cancelled", count}, {"pos", pos}});
+  send_json(res, 200, {{"cancelled", count}, {protocol::kPos, pos}});
 }
 
 // The answer for a session `who` does not hold: the same for an id never issued, another
