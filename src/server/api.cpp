@@ -90,6 +90,7 @@ class CountingResponder : public Responder {
   bool write(std::string chunk) override { return inner_->write(std::move(chunk)); }
   void end() override { inner_->end(); }
   bool alive() const override { return inner_->alive(); }
+  Room reserve(size_t bytes) override { return inner_->reserve(bytes); }
   void set_model_request() { model_request_ = true; }
 
  private:
@@ -300,6 +301,42 @@ void Api::Impl::list(Responder& res, const Credential& who) {
              {"kv_cap", sched.options().kv_cap_bytes}});
 }
 
+namespace {
+
+// At most the bytes JSON writes for `text`: ASCII as it is or escaped (2 bytes, 6 for a control
+// character), any other byte at most 3 (invalid UTF-8 becomes U+FFFD's 3 bytes).
+size_t json_string_bound(std::string_view text) {
+  size_t n = 2;  // the quotes
+  for (const char c : text) {
+    const auto b = static_cast<unsigned char>(c);
+    n += b >= 0x80 ? 3 : b < 0x20 ? 6 : (b == '"' || b == '\\') ? 2 : 1;
+  }
+  return n;
+}
+
+// Holds room in the write queues for an answer of at most `bytes` before it is built, so that a
+// client that never reads cannot make the server build and hold it: 413 over what one client
+// may have queued (--max-write-queue), 503 when answers waiting for slow clients fill what all
+// may have (--max-write-total).
+void reserve_answer(Responder& res, size_t bytes, Metrics& metrics) {
+  switch (res.reserve(bytes)) {
+    case Responder::Room::Ok:
+      return;
+    case Responder::Room::OverConnection:
+      throw ApiError(413, "too_large",
+                     "the answer would be up to " + std::to_string(bytes) +
+                         " bytes, over what one client may have queued (--max-write-queue); "
+                         "ask for less");
+    case Responder::Room::OverTotal:
+      ++metrics.rejected_overload;
+      throw ApiError(503, "unavailable",
+                     "answers waiting for slow clients fill the server's answer bytes "
+                     "(--max-write-total); retry later");
+  }
+}
+
+}  // namespace
+
 void Api::Impl::tokenize(const HttpRequest& req, Responder& res) {
   const json j = parse_body(req.body);
   const json* c = field(j, "content");
@@ -310,6 +347,11 @@ void Api::Impl::tokenize(const HttpRequest& req, Responder& res) {
   const bool with_pieces = get_bool(j, "with_pieces", false);
   const auto ids =
       tok.encode(checked_text(*c, "content", options.max_text_bytes), add_special, parse_special);
+  // An id is at most 11 bytes with its comma; with its piece, an object of 24 bytes more.
+  size_t bound = 64 + vocab_hash.size();
+  for (TokenId id : ids)
+    bound += 11 + (with_pieces ? 24 + json_string_bound(tok.token_to_piece(id)) : 0);
+  reserve_answer(res, bound, metrics);
   json tokens = json::array();
   for (TokenId id : ids) {
     if (with_pieces) {
@@ -326,6 +368,10 @@ void Api::Impl::detokenize(const HttpRequest& req, Responder& res) {
   const json* t = field(j, "tokens");
   if (!t) throw bad("tokens", "is required");
   const auto ids = get_ids(*t, "tokens", n_vocab(), 1 << 20);
+  // The decoded text is at most its pieces joined (decode only removes spaces).
+  size_t bound = 16;
+  for (TokenId id : ids) bound += json_string_bound(tok.token_to_piece(id)) - 2;
+  reserve_answer(res, bound, metrics);
   send_json(res, 200, {{"content", tok.decode(ids)}});
 }
 
