@@ -299,6 +299,12 @@ TEST(Connections, TokenizeReservesItsAnswer) {
   const HttpResult r = c.post("/tokenize", {{"content", text}, {"with_pieces", true}});
   EXPECT_EQ(r.status, 413) << r.body.substr(0, 300);
   EXPECT_EQ(c.post("/tokenize", {{"content", text}}).status, 200) << "ids alone fit";
+  // The answer is written without a json tree, byte for byte as the tree's dump was.
+  const HttpResult small = c.post("/tokenize", {{"content", "hello world"}, {"with_pieces", true}});
+  EXPECT_EQ(small.body,
+            R"({"n_vocab":2048,"tokens":[{"id":1,"piece":"<s>"},{"id":1081,"piece":" hel"},)"
+            R"({"id":417,"piece":"lo"},{"id":281,"piece":" w"},{"id":1613,"piece":"orld"}],)"
+            R"("vocab_hash":"44cf87271e39ab39"})");
 }
 
 // At --max-connections (and at --max-connections-per-ip), a new connection closes the oldest
