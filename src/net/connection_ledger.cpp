@@ -37,6 +37,23 @@ ConnectionLedger::Admit ConnectionLedger::admit(uint64_t id, size_t n) {
   return result;
 }
 
+ConnectionLedger::Admit ConnectionLedger::reserve(uint64_t id, size_t n) {
+  Victims victims;
+  Admit result = Admit::Gone;
+  {
+    std::lock_guard lk(mu_);
+    auto it = accounts_.find(id);
+    if (it != accounts_.end()) result = check_locked(id, it->second, n, victims);
+    if (result == Admit::Ok) {
+      it->second.reserved += n;
+      total_ += n;
+      publish_locked();
+    }
+  }
+  evict_all(victims, Evictable::Why::SlowReader);
+  return result;
+}
+
 ConnectionLedger::Admit ConnectionLedger::settle(uint64_t id, size_t reserved, size_t actual) {
   Victims victims;
   Admit result = Admit::Ok;
@@ -45,14 +62,16 @@ ConnectionLedger::Admit ConnectionLedger::settle(uint64_t id, size_t reserved, s
     auto it = accounts_.find(id);
     if (it == accounts_.end() || it->second.closed) return Admit::Gone;
     Account& a = it->second;
-    const size_t back = std::min(reserved, a.queued);
-    a.queued -= back;
+    const size_t back = std::min(reserved, a.reserved);
+    a.reserved -= back;
     total_ -= back;
-    // What was reserved is the answer's own: only an answer larger than its estimate is weighed.
-    const size_t kept = std::min(reserved, actual);
-    a.queued += kept;
-    total_ += kept;
-    if (actual > reserved) result = admit_locked(id, a, actual - reserved, victims);
+    if (actual <= reserved) {  // within its own room: taken as it is
+      if (a.queued == 0) a.unread_since = Clock::now();
+      a.queued += actual;
+      total_ += actual;
+    } else {
+      result = admit_locked(id, a, actual, victims);
+    }
     publish_locked();
   }
   evict_all(victims, Evictable::Why::SlowReader);
@@ -113,11 +132,23 @@ size_t ConnectionLedger::total() const {
 
 ConnectionLedger::Admit ConnectionLedger::admit_locked(uint64_t id, Account& a, size_t n,
                                                        Victims& victims) {
+  const Admit checked = check_locked(id, a, n, victims);
+  if (checked != Admit::Ok) return checked;
+  if (a.queued == 0) a.unread_since = Clock::now();
+  a.queued += n;
+  total_ += n;
+  publish_locked();
+  return Admit::Ok;
+}
+
+// Whether `n` more bytes fit connection `a` and the total (closing stalled readers for room).
+ConnectionLedger::Admit ConnectionLedger::check_locked(uint64_t id, Account& a, size_t n,
+                                                       Victims& victims) {
   if (a.closed) return Admit::Gone;
   // A small answer into an empty queue is always taken: an error, /health or a short answer
   // never fails for the bounds (at most small_answer x connections beyond --max-write-total).
-  const bool small = n <= limits_.small_answer && a.queued == 0;
-  if (!small && a.queued + n > limits_.per_connection) {
+  const bool small = n <= limits_.small_answer && a.queued + a.reserved == 0;
+  if (!small && a.queued + a.reserved + n > limits_.per_connection) {
     if (counters_) ++counters_->answers_refused_connection;
     return Admit::OverConnection;
   }
@@ -125,10 +156,6 @@ ConnectionLedger::Admit ConnectionLedger::admit_locked(uint64_t id, Account& a, 
     if (counters_) ++counters_->answers_refused_total;
     return Admit::OverTotal;
   }
-  if (a.queued == 0) a.unread_since = Clock::now();
-  a.queued += n;
-  total_ += n;
-  publish_locked();
   return Admit::Ok;
 }
 
@@ -146,8 +173,10 @@ bool ConnectionLedger::make_room(uint64_t id, const Account& a, size_t n, Victim
   std::sort(stalled.begin(), stalled.end(),
             [](const Account* x, const Account* y) { return x->unread_since < y->unread_since; });
   size_t freed = 0, take = 0;
-  while (take < stalled.size() && total_ - freed + n > limits_.total)
-    freed += stalled[take++]->queued;
+  while (take < stalled.size() && total_ - freed + n > limits_.total) {
+    freed += stalled[take]->queued + stalled[take]->reserved;
+    ++take;
+  }
   if (total_ - freed + n > limits_.total) return false;
   for (size_t i = 0; i < take; ++i) {
     close_locked(*stalled[i]);
@@ -158,8 +187,9 @@ bool ConnectionLedger::make_room(uint64_t id, const Account& a, size_t n, Victim
 }
 
 void ConnectionLedger::close_locked(Account& a) {
-  total_ -= a.queued;
+  total_ -= a.queued + a.reserved;
   a.queued = 0;
+  a.reserved = 0;
   a.closed = true;
   a.idle_since = {};
 }

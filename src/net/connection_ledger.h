@@ -50,8 +50,11 @@ class ConnectionLedger {
   // Over the total, connections stalled longer than `id` (and at least min_stall) are closed,
   // oldest unread data first, when that makes room.
   Admit admit(uint64_t id, size_t n);
+  // Holds room for an answer of at most `n` bytes that is still being built, by the same rules.
+  // Held bytes count towards the bounds but never make their connection a slow reader.
+  Admit reserve(uint64_t id, size_t n);
   // Swaps a reservation of `reserved` bytes for the `actual` answer: always taken when it is no
-  // larger, else the excess is admitted as above.
+  // larger; a larger one is weighed as a new answer.
   Admit settle(uint64_t id, size_t reserved, size_t actual);
   void release(uint64_t id, size_t n);  // `n` queued bytes were written or given up
   void close(uint64_t id);              // the connection closed: its bytes no longer count
@@ -64,7 +67,8 @@ class ConnectionLedger {
   struct Account {
     std::weak_ptr<Evictable> who;
     std::string address;
-    size_t queued = 0;
+    size_t queued = 0;                 // handed to the connection, not yet written
+    size_t reserved = 0;               // held for answers still being built
     Clock::time_point unread_since{};  // when the oldest unwritten piece began to wait
     Clock::time_point idle_since{};    // between requests since; epoch when busy
     bool closed = false;
@@ -72,6 +76,7 @@ class ConnectionLedger {
   using Victims = std::vector<std::weak_ptr<Evictable>>;
 
   Admit admit_locked(uint64_t id, Account& a, size_t n, Victims& victims);
+  Admit check_locked(uint64_t id, Account& a, size_t n, Victims& victims);
   bool make_room(uint64_t id, const Account& a, size_t n, Victims& victims);
   void close_locked(Account& a);
   void publish_locked();

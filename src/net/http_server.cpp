@@ -491,7 +491,7 @@ class Connection<Stream>::ConnResponder : public Responder {
   bool alive() const override { return !conn_->gone(); }
   Room reserve(size_t bytes) override {
     if (done_ || streaming_ || conn_->gone()) return Room::Ok;  // nothing left to guard
-    switch (conn_->ledger().admit(conn_->id(), bytes)) {
+    switch (conn_->ledger().reserve(conn_->id(), bytes)) {
       case Admit::Ok:
         reserved_ += bytes;
         return Room::Ok;

@@ -76,16 +76,24 @@ TEST(ConnectionLedger, NobodyIsClosedWithinTheGraceAndTheAnswerIsRefused) {
   EXPECT_EQ(counters.answers_refused_total, 1u);
 }
 
+// A reservation counts towards the bounds while its answer is built, but its connection is no
+// slow reader: nobody reads what is not written yet.
 TEST(ConnectionLedger, AReservationIsSwappedForItsAnswer) {
-  ConnectionLedger ledger(limits(/*grace=*/1h), nullptr);
-  auto a = std::make_shared<Fake>(), b = std::make_shared<Fake>();
-  const uint64_t ia = ledger.add(a, "a"), ib = ledger.add(b, "b");
-  ASSERT_EQ(ledger.admit(ia, 100 * kKiB), Admit::Ok);  // the reservation
+  ConnectionLedger ledger(limits(), nullptr);
+  auto a = std::make_shared<Fake>(), b = std::make_shared<Fake>(), c = std::make_shared<Fake>();
+  const uint64_t ia = ledger.add(a, "a"), ib = ledger.add(b, "b"), ic = ledger.add(c, "c");
+  ASSERT_EQ(ledger.reserve(ia, 100 * kKiB), Admit::Ok);
   ASSERT_EQ(ledger.admit(ib, 100 * kKiB), Admit::Ok);
+  EXPECT_EQ(ledger.reserve(ic, 101 * kKiB), Admit::OverConnection);
+  std::this_thread::sleep_for(2ms);
+  EXPECT_EQ(ledger.reserve(ic, 100 * kKiB), Admit::Ok) << "room made by closing b, not a";
+  EXPECT_TRUE(a->evicted.empty());
+  EXPECT_EQ(b->evicted.size(), 1u);
   EXPECT_EQ(ledger.settle(ia, 100 * kKiB, 70 * kKiB), Admit::Ok);
   EXPECT_EQ(ledger.total(), 170 * kKiB);
   ledger.remove(ia);
-  EXPECT_EQ(ledger.total(), 100 * kKiB);
+  ledger.remove(ic);
+  EXPECT_EQ(ledger.total(), 0u);
 }
 
 TEST(ConnectionLedger, TheOldestIdleConnectionOfTheAddressMakesWay) {
