@@ -109,12 +109,7 @@ bool ConnectionLedger::evict_idle(const std::string* address) {
   std::weak_ptr<Evictable> victim;
   {
     std::lock_guard lk(mu_);
-    Account* oldest = nullptr;
-    for (auto& [id, a] : accounts_) {
-      if (a.closed || a.idle_since == Clock::time_point{}) continue;
-      if (address && a.address != *address) continue;
-      if (!oldest || a.idle_since < oldest->idle_since) oldest = &a;
-    }
+    Account* oldest = oldest_idle(address ? *address : busiest_idle_address());
     if (!oldest) return false;
     // Taken off the books at once, so that the next newcomer picks another one.
     close_locked(*oldest);
@@ -123,6 +118,40 @@ bool ConnectionLedger::evict_idle(const std::string* address) {
   }
   evict_all({victim}, Evictable::Why::Idle);
   return true;
+}
+
+// The address with the most idle connections (on a tie, the one idle longest): one that opens
+// connections fast makes its own the ones to go, not the single idle connection of a device
+// that was there before it.
+std::string ConnectionLedger::busiest_idle_address() const {
+  struct Idle {
+    int n = 0;
+    Clock::time_point oldest = Clock::time_point::max();
+  };
+  std::unordered_map<std::string, Idle> idle;
+  for (const auto& [id, a] : accounts_) {
+    if (a.closed || a.idle_since == Clock::time_point{}) continue;
+    Idle& i = idle[a.address];
+    ++i.n;
+    i.oldest = std::min(i.oldest, a.idle_since);
+  }
+  const std::pair<const std::string, Idle>* busiest = nullptr;
+  for (const auto& entry : idle) {
+    const Idle& i = entry.second;
+    if (!busiest || i.n > busiest->second.n ||
+        (i.n == busiest->second.n && i.oldest < busiest->second.oldest))
+      busiest = &entry;
+  }
+  return busiest ? busiest->first : std::string();
+}
+
+ConnectionLedger::Account* ConnectionLedger::oldest_idle(const std::string& address) {
+  Account* oldest = nullptr;
+  for (auto& [id, a] : accounts_) {
+    if (a.closed || a.idle_since == Clock::time_point{} || a.address != address) continue;
+    if (!oldest || a.idle_since < oldest->idle_since) oldest = &a;
+  }
+  return oldest;
 }
 
 size_t ConnectionLedger::total() const {

@@ -59,7 +59,8 @@ class ConnectionLedger {
   void release(uint64_t id, size_t n);  // `n` queued bytes were written or given up
   void close(uint64_t id);              // the connection closed: its bytes no longer count
   void set_idle(uint64_t id, bool idle);
-  // Closes the connection idle longest (from `address` when not null); false when none is idle.
+  // Closes the connection idle longest of `address`, or when null of the address with the most
+  // idle connections; false when none is idle.
   bool evict_idle(const std::string* address);
   size_t total() const;
 
@@ -76,6 +77,8 @@ class ConnectionLedger {
   using Victims = std::vector<std::weak_ptr<Evictable>>;
 
   Admit admit_locked(uint64_t id, Account& a, size_t n, Victims& victims);
+  std::string busiest_idle_address() const;
+  Account* oldest_idle(const std::string& address);
   Admit check_locked(uint64_t id, Account& a, size_t n, Victims& victims);
   bool make_room(uint64_t id, const Account& a, size_t n, Victims& victims);
   void close_locked(Account& a);

@@ -821,6 +821,37 @@ def attack_unread(s):
             f"{max(queued, 0) / MIB:.0f} MiB; reader: {status} in {latency:.2f} s; {told}"), failures
 
 
+def attack_idle(s):
+    """16 addresses x 64 keep-alive connections, one /health each, then idle: at the caps the
+    oldest idle ones make way, so a newcomer from another address is served, not locked out."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    socks, served, refused = [], 0, 0
+    for i in range(16 * 64):
+        try:
+            sock = raw_socket(s.server.port, source=f"127.0.0.{40 + i // 64}", timeout=5)
+            sock.sendall(request)
+            answer = sock.recv(4096)
+            served += answer.startswith(b"HTTP/1.1 200")
+            refused += not answer.startswith(b"HTTP/1.1 200")
+            socks.append(sock)
+        except OSError:
+            refused += 1
+    evicted = sum(1 for sock in socks if closed_by_server(sock))
+    try:
+        status, _ = Http(s.server.port, source="127.0.0.60", timeout=10).request("GET", "/health")
+    except (OSError, http.client.HTTPException) as e:
+        status = type(e).__name__
+    for sock in socks:
+        sock.close()
+    failures = [] if status == 200 else [f"a newcomer after the idle connections: {status}"]
+    return (f"{served} served and left idle, {refused} refused, {evicted} of them closed since; "
+            f"newcomer: {status}"), failures
+
+
 ATTACKS = [
     ("nested JSON (6 routes, depth 100k)", attack_nested, {}),
     ("tokenizer CPU (2x1 MB /tokenize + chat)", attack_tokenizer, {}),
@@ -832,6 +863,7 @@ ATTACKS = [
     ("memory (prompt logprobs, full context)", attack_memory, {}),
     ("smaller (stop, 2^63, seed, 413 rewind)", attack_smaller, {}),
     ("unread (60 x 6.2 MB /detokenize answers)", attack_unread, {}),
+    ("idle (16 addresses x 64 keep-alive)", attack_idle, {}),
 ]
 
 

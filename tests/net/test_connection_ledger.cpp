@@ -110,11 +110,30 @@ TEST(ConnectionLedger, TheOldestIdleConnectionOfTheAddressMakesWay) {
   const std::string x = "x";
   EXPECT_TRUE(ledger.evict_idle(&x));
   EXPECT_EQ(old_x->evicted, std::vector<Evictable::Why>{Evictable::Why::Idle});
-  EXPECT_TRUE(ledger.evict_idle(nullptr)) << "any address: y is the oldest left";
-  EXPECT_EQ(y->evicted.size(), 1u);
+  EXPECT_TRUE(ledger.evict_idle(nullptr)) << "any address: x and y have one idle each";
+  EXPECT_EQ(y->evicted.size(), 1u) << "y, the older";
   ledger.set_idle(i2, false);
   EXPECT_FALSE(ledger.evict_idle(nullptr)) << "a busy connection is never taken";
   EXPECT_EQ(counters.idle_connections_evicted, 2u);
+}
+
+// At --max-connections, the idle connections of the address holding the most go first, so a
+// flood of fresh connections from a few addresses does not close a device's one connection.
+TEST(ConnectionLedger, AtTheTotalCapTheBusiestAddressGivesWayFirst) {
+  ConnectionLedger ledger(limits(), nullptr);
+  auto device = std::make_shared<Fake>();
+  ledger.set_idle(ledger.add(device, "device"), true);
+  std::this_thread::sleep_for(2ms);
+  std::vector<std::shared_ptr<Fake>> flood;
+  for (int i = 0; i < 3; ++i) {
+    flood.push_back(std::make_shared<Fake>());
+    ledger.set_idle(ledger.add(flood.back(), "flood"), true);
+  }
+  EXPECT_TRUE(ledger.evict_idle(nullptr));
+  EXPECT_TRUE(ledger.evict_idle(nullptr));
+  EXPECT_TRUE(device->evicted.empty());
+  EXPECT_EQ(flood[0]->evicted.size(), 1u);
+  EXPECT_EQ(flood[1]->evicted.size(), 1u);
 }
 
 }  // namespace
