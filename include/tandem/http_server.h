@@ -56,6 +56,16 @@ class Responder {
   // False once the client is gone, noticed even while nothing is written (the connection watches
   // its socket while a request is being answered).
   virtual bool alive() const = 0;
+
+  // Room for an answer of at most `bytes`, asked before the work that makes it, so that an answer
+  // that could not be queued is refused before it is built. Ok holds the room until the answer is
+  // sent; OverConnection: over --max-write-queue (the handler answers 413); OverTotal: the
+  // server's --max-write-total is taken by other answers (503 with Retry-After).
+  enum class Room { Ok, OverConnection, OverTotal };
+  virtual Room reserve(size_t bytes) {
+    (void)bytes;
+    return Room::Ok;
+  }
 };
 
 struct HttpServerOptions {
@@ -72,9 +82,19 @@ struct HttpServerOptions {
   double body_timeout_s = 30;   // from the end of the headers to the end of the body
   double idle_timeout_s = 300;  // a keep-alive connection with no request this long is closed
   double write_timeout_s = 60;  // a client that does not read its answer this long is dropped
-  // Bytes waiting to be written to one client at most (beyond the piece being written): a
-  // client that reads slower than its stream is produced is dropped.
+  // Answer bytes waiting to be written to one client at most, the piece being written included:
+  // a stream read slower than it is produced is dropped; a whole answer over it is answered 413.
   size_t max_write_queue_bytes = 8u << 20;
+  // Answer bytes waiting for all clients together at most. At it, clients that have left bytes
+  // unread longest (over slow_reader_grace_s) are closed to make room; else a whole answer is
+  // answered 503 with Retry-After and a stream is dropped.
+  size_t max_write_total_bytes = 64u << 20;
+  // A client is closed to make room in max_write_total_bytes only once it has left its answer
+  // unread this long: one that reads a large answer at speed is never pushed out.
+  double slow_reader_grace_s = 1;
+  // An answer piece this small into an empty queue is taken whatever the bounds say, so that
+  // errors and short answers never fail for them.
+  size_t small_answer_bytes = 16u << 10;
   boost::asio::ssl::context* ssl = nullptr;  // TLS when set
   // Added to the answers the server gives itself, before any handler runs (413 for a body over
   // the limit, 400 for a malformed request): `tandem ui` passes its security headers here.
@@ -86,8 +106,9 @@ using HttpHandler = std::function<void(const HttpRequest&, std::shared_ptr<Respo
 // What the server counts about its connections: the gauge of open ones, the refusals
 // (max_connections, max_connections_per_ip), the deadlines passed (headers, body), the clients
 // dropped for not reading (write queue cap, write timeout) and those that hung up while their
-// request was being answered. Updated from the I/O threads; the cloud server's Prometheus metrics
-// (server::Metrics) are built on it.
+// request was being answered, the answer bytes queued in all and what their bounds refused, and
+// the connections closed to make room (slow readers, idle keep-alive connections). Updated from the
+// I/O threads; the cloud server's Prometheus metrics (server::Metrics) are built on it.
 struct ConnectionCounters {
   std::atomic<uint64_t> refused_connections_total{0};
   std::atomic<uint64_t> refused_connections_per_ip{0};
@@ -96,6 +117,11 @@ struct ConnectionCounters {
   std::atomic<uint64_t> slow_clients_dropped{0};
   std::atomic<uint64_t> client_disconnects{0};
   std::atomic<int64_t> connections{0};
+  std::atomic<int64_t> write_queued_bytes{0};
+  std::atomic<uint64_t> answers_refused_connection{0};  // over --max-write-queue
+  std::atomic<uint64_t> answers_refused_total{0};       // over --max-write-total
+  std::atomic<uint64_t> slow_clients_evicted{0};        // closed to make room in the total
+  std::atomic<uint64_t> idle_connections_evicted{0};    // closed to let a new connection in
 };
 
 class HttpServer {

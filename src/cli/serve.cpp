@@ -131,9 +131,19 @@ class ServeCommand : public Command {
         ->check(CLI::Range(0.1, 86400.0))
         ->capture_default_str();
     sub_->add_option("--max-write-queue", o_.http.max_write_queue_bytes,
-                     "Bytes of answer waiting for one client at most; a client that reads slower "
-                     "is dropped")
+                     "Bytes of answer waiting for one client at most (any answer of 16 KiB or "
+                     "less always fits); a stream read slower is dropped, a larger answer gets 413")
         ->check(CLI::Range(size_t{4096}, size_t{1} << 34))
+        ->capture_default_str();
+    sub_->add_option("--max-write-total", o_.http.max_write_total_bytes,
+                     "Bytes of answer waiting for all clients together at most; clients that "
+                     "left bytes unread longest are closed to make room, else 503")
+        ->check(CLI::Range(size_t{65536}, size_t{1} << 40))
+        ->capture_default_str();
+    sub_->add_option("--slow-reader-grace", o_.http.slow_reader_grace_s,
+                     "Seconds a client may leave answer bytes unread before it may be closed to "
+                     "make room under --max-write-total")
+        ->check(CLI::Range(0.0, 3600.0))
         ->capture_default_str();
     sub_->add_option("--drain-timeout", o_.drain_timeout_s,
                      "Seconds SIGTERM lets running work finish; what is left is answered 503")

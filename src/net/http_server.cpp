@@ -19,6 +19,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "net/connection_ledger.h"
 #include "tandem/error.h"
 
 namespace tandem::net {
@@ -106,6 +107,12 @@ class AddressTable {
     ++n;
     return true;
   }
+  // Past the cap: the newcomer takes the place of an idle connection being closed.
+  void force_acquire(const std::string& key) {
+    if (cap_ <= 0) return;
+    std::lock_guard lk(mu_);
+    ++counts_[key];
+  }
   void release(const std::string& key) {
     if (cap_ <= 0) return;
     std::lock_guard lk(mu_);
@@ -119,11 +126,21 @@ class AddressTable {
   std::unordered_map<std::string, int> counts_;
 };
 
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
 // What every connection of one server shares. Connections hold it by shared_ptr, so it outlives
 // the HttpServer when a connection's last handler runs late.
 struct Shared {
   Shared(const HttpServerOptions& o, HttpHandler h, ConnectionCounters* m)
-      : options(o), handler(std::move(h)), counters(m), addresses(o.max_connections_per_ip) {}
+      : options(o),
+        handler(std::move(h)),
+        counters(m),
+        addresses(o.max_connections_per_ip),
+        ledger({o.max_write_queue_bytes, o.max_write_total_bytes, o.small_answer_bytes,
+                seconds(o.slow_reader_grace_s)},
+               m) {}
   void count(std::atomic<uint64_t> ConnectionCounters::*counter) {
     if (counters) ++(counters->*counter);
   }
@@ -132,14 +149,11 @@ struct Shared {
   const HttpHandler handler;
   ConnectionCounters* const counters;
   AddressTable addresses;
+  ConnectionLedger ledger;
   std::atomic<int64_t> open{0};      // connections
   std::atomic<int64_t> busy{0};      // connections with a request being answered
   std::atomic<bool> closing{false};  // shutdown: no more keep-alive
 };
-
-std::chrono::steady_clock::duration seconds(double s) {
-  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
-}
 
 // What the peer of a socket did, seen without reading: nothing, sent bytes, or hung up (shut
 // down its side, reset). POLLRDHUP reports a hang-up even behind unread bytes.
@@ -161,7 +175,7 @@ Peer peer_state(int fd) {
 // a later request), the body within body_timeout_s of the headers; idle keep-alive connections
 // wait idle_timeout_s for that first byte.
 template <class Stream>
-class Connection : public std::enable_shared_from_this<Connection<Stream>> {
+class Connection : public std::enable_shared_from_this<Connection<Stream>>, public Evictable {
  public:
   Connection(Stream stream, std::shared_ptr<Shared> shared, std::string address)
       : stream_(std::move(stream)),
@@ -169,7 +183,8 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
         options_(shared_->options),
         address_(std::move(address)),
         recheck_(stream_.get_executor()) {}
-  ~Connection() {
+  ~Connection() override {
+    shared_->ledger.remove(id_);
     set_busy(false);
     shared_->addresses.release(address_);
     --shared_->open;
@@ -177,6 +192,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   }
 
   void start() {
+    id_ = shared_->ledger.add(this->weak_from_this(), address_);
     deadline_ = std::chrono::steady_clock::now() + seconds(options_.header_timeout_s);
     if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
       read_request();
@@ -198,19 +214,23 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     queue_.push_back({std::move(bytes), last});
     if (!writing_) write_next();
   }
-  // Any thread: accounts `n` bytes about to be queued. False (and the connection is dropped)
-  // when the queue would go over the cap; one piece alone is always taken.
-  bool reserve(size_t n) {
-    const size_t before = queued_bytes_.fetch_add(n);
-    if (before == 0 || before + n <= options_.max_write_queue_bytes) return true;
-    if (!dropped_.exchange(true)) {
-      asio::post(executor(), [self = this->shared_from_this()] {
-        self->shared_->count(&ConnectionCounters::slow_clients_dropped);
-        self->close();
-      });
-    }
-    return false;
+  // Any thread: the client does not keep up with its answer; closed, its job stops.
+  void drop() {
+    if (dropped_.exchange(true)) return;
+    asio::post(executor(), [self = this->shared_from_this()] {
+      self->shared_->count(&ConnectionCounters::slow_clients_dropped);
+      self->close();
+    });
   }
+  // Any thread: the ledger closes this connection (a slow reader for room, an idle one for a
+  // newcomer); it has taken it off its books already.
+  void evict(Why) override {
+    dropped_ = true;
+    asio::post(executor(), [self = this->shared_from_this()] { self->close(); });
+  }
+  ConnectionLedger& ledger() { return shared_->ledger; }
+  uint64_t id() const { return id_; }
+  const HttpServerOptions& options() const { return options_; }
   // Any thread: the client is gone (closed, hung up, or dropped as too slow).
   bool gone() const { return closed_ || dropped_; }
   bool keep_alive() const { return keep_alive_; }
@@ -244,8 +264,10 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
       return read_request();
     }
     lowest().expires_after(seconds(options_.idle_timeout_s));
+    shared_->ledger.set_idle(id_, true);
     stream_.async_read_some(buffer_.prepare(4096), [self = this->shared_from_this()](
                                                        beast::error_code ec, size_t n) {
+      self->shared_->ledger.set_idle(self->id_, false);
       if (ec) return self->close();  // idle timeout, end of stream, reset
       self->buffer_.commit(n);
       self->deadline_ = std::chrono::steady_clock::now() + seconds(self->options_.header_timeout_s);
@@ -356,7 +378,8 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     const std::string len = std::to_string(body.size());
     std::string bytes =
         head(status, "application/json", options_.own_answer_headers, keep_alive_, &len) + body;
-    reserve(bytes.size());
+    // Small, into an empty queue: the ledger takes it (or the connection is closed already).
+    shared_->ledger.admit(id_, bytes.size());
     set_busy(true);
     enqueue(std::move(bytes), true);
   }
@@ -378,7 +401,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     if (ec == beast::error::timeout) shared_->count(&ConnectionCounters::slow_clients_dropped);
     if (ec) return close();
     const bool last = queue_.front().last;
-    queued_bytes_ -= queue_.front().bytes.size();
+    shared_->ledger.release(id_, queue_.front().bytes.size());
     queue_.pop_front();
     if (!queue_.empty()) return write_next();
     lowest().expires_never();
@@ -391,6 +414,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   void close() {
     if (closed_) return;
     closed_ = true;
+    shared_->ledger.close(id_);
     set_busy(false);
     if (!writing_) queue_.clear();  // else the pending write still reads its front; on_write clears
     recheck_.cancel();
@@ -408,19 +432,22 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   std::chrono::steady_clock::time_point deadline_;  // for the current request's headers
   std::deque<Pending> queue_;
   asio::steady_timer recheck_;
-  std::atomic<size_t> queued_bytes_{0};  // in queue_ or posted towards it
-  std::atomic<bool> closed_{false};      // written on the strand, read anywhere
-  std::atomic<bool> dropped_{false};     // over the write queue cap; closing
+  uint64_t id_ = 0;                   // in the ledger, which counts the bytes queued
+  std::atomic<bool> closed_{false};   // written on the strand, read anywhere
+  std::atomic<bool> dropped_{false};  // over the write queue cap; closing
   std::atomic<bool> keep_alive_{true};
   bool writing_ = false;
   bool busy_ = false;      // a request is being answered
   bool watching_ = false;  // an async_wait on the socket is pending
 };
 
-// Hands a handler's answer to the connection's strand, from any thread.
+// Hands a handler's answer to the connection's strand, from any thread. Every piece is weighed
+// by the ledger first (--max-write-queue, --max-write-total): a whole answer over a bound is
+// replaced by a short 413 or 503, a stream over one is dropped.
 template <class Stream>
 class Connection<Stream>::ConnResponder : public Responder {
  public:
+  using Admit = ConnectionLedger::Admit;
   explicit ConnResponder(std::shared_ptr<Connection> conn) : conn_(std::move(conn)) {}
   ~ConnResponder() override {
     // A handler that dropped its responder without answering must not leave the client hanging.
@@ -437,17 +464,23 @@ class Connection<Stream>::ConnResponder : public Responder {
     if (done_ || streaming_) return;
     done_ = true;
     const std::string len = std::to_string(body.size());
-    post(head(status, content_type, headers, conn_->keep_alive(), &len) + body, true);
+    const Admit a =
+        post(head(status, content_type, headers, conn_->keep_alive(), &len) + body, true);
+    if (a == Admit::OverConnection || a == Admit::OverTotal) refuse(a, body.size());
   }
   void start_stream(int status, const std::string& content_type,
                     const HeaderList& headers) override {
     if (done_ || streaming_) return;
     streaming_ = true;
-    post(head(status, content_type, headers, conn_->keep_alive(), nullptr), false);
+    if (post(head(status, content_type, headers, conn_->keep_alive(), nullptr), false) != Admit::Ok)
+      conn_->drop();
   }
   bool write(std::string data) override {
     if (!streaming_ || done_ || conn_->gone()) return false;
-    if (!data.empty() && !post(chunk(data), false)) return false;
+    if (!data.empty() && post(chunk(data), false) != Admit::Ok) {
+      conn_->drop();  // a stream that cannot be queued cannot be finished either
+      return false;
+    }
     return !conn_->gone();
   }
   void end() override {
@@ -456,17 +489,61 @@ class Connection<Stream>::ConnResponder : public Responder {
     post("0\r\n\r\n", true);
   }
   bool alive() const override { return !conn_->gone(); }
+  Room reserve(size_t bytes) override {
+    if (done_ || streaming_ || conn_->gone()) return Room::Ok;  // nothing left to guard
+    switch (conn_->ledger().reserve(conn_->id(), bytes)) {
+      case Admit::Ok:
+        reserved_ += bytes;
+        return Room::Ok;
+      case Admit::OverConnection:
+        return Room::OverConnection;
+      case Admit::OverTotal:
+        return Room::OverTotal;
+      case Admit::Gone:
+        break;
+    }
+    return Room::Ok;  // the client is gone: alive() says so, and the answer goes nowhere
+  }
 
  private:
-  bool post(std::string bytes, bool last) {
-    if (conn_->gone() || !conn_->reserve(bytes.size())) return false;
+  // Queues `bytes` once the ledger takes them (a reservation is swapped for them).
+  Admit post(std::string bytes, bool last) {
+    if (conn_->gone()) return Admit::Gone;
+    ConnectionLedger& ledger = conn_->ledger();
+    const Admit a = reserved_ > 0 ? ledger.settle(conn_->id(), reserved_, bytes.size())
+                                  : ledger.admit(conn_->id(), bytes.size());
+    reserved_ = 0;
+    if (a != Admit::Ok) return a;
     asio::post(conn_->executor(), [conn = conn_, bytes = std::move(bytes), last]() mutable {
       conn->enqueue(std::move(bytes), last);
     });
-    return true;
+    return a;
+  }
+
+  // A whole answer the bounds refused: the client learns why in a few bytes, which always fit.
+  void refuse(Admit why, size_t size) {
+    const bool own = why == Admit::OverConnection;
+    const size_t cap =
+        own ? conn_->options().max_write_queue_bytes : conn_->options().max_write_total_bytes;
+    std::string body = "{\"error\":{\"code\":\"";
+    body += own ? "too_large" : "unavailable";
+    body += "\",\"message\":\"the answer (";
+    body += std::to_string(size);
+    body += own ? " bytes) is over the bytes one client may have queued ("
+                : " bytes) does not fit: answers waiting for slow clients fill the server's "
+                  "bytes for all clients (";
+    body += std::to_string(cap);
+    body += own ? "); ask for less\"}}" : "); retry later\"}}";
+    HeaderList headers;
+    if (!own) headers.push_back({"Retry-After", "1"});
+    const std::string len = std::to_string(body.size());
+    if (post(head(own ? 413 : 503, "application/json", headers, conn_->keep_alive(), &len) + body,
+             true) != Admit::Ok)
+      conn_->drop();
   }
 
   std::shared_ptr<Connection> conn_;
+  size_t reserved_ = 0;  // bytes the ledger holds for the coming answer
   bool done_ = false;
   bool streaming_ = false;
 };
@@ -505,8 +582,11 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
                           });
   }
 
+  // At a connection cap the oldest idle keep-alive connection (of the same address, for the
+  // per-address cap) is closed to let the newcomer in: an idle client reconnects in one round
+  // trip, while a refused one is locked out until some connection closes by itself.
   void on_accept(tcp::socket socket) {
-    if (shared->open >= options.max_connections) {
+    if (shared->open >= options.max_connections && !shared->ledger.evict_idle(nullptr)) {
       shared->count(&ConnectionCounters::refused_connections_total);
       return refuse(socket, "too many open connections");
     }
@@ -515,9 +595,12 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
     if (ec) return;  // already gone
     std::string address = AddressTable::key_of(peer);
     if (!shared->addresses.try_acquire(address)) {
-      shared->count(&ConnectionCounters::refused_connections_per_ip);
-      return refuse(socket, "too many open connections from this address (the cap is " +
-                                std::to_string(options.max_connections_per_ip) + ")");
+      if (!shared->ledger.evict_idle(&address)) {
+        shared->count(&ConnectionCounters::refused_connections_per_ip);
+        return refuse(socket, "too many open connections from this address (the cap is " +
+                                  std::to_string(options.max_connections_per_ip) + ")");
+      }
+      shared->addresses.force_acquire(address);
     }
     ++shared->open;
     if (shared->counters) ++shared->counters->connections;

@@ -104,6 +104,20 @@ std::string Metrics::render() const {
           "Connections dropped because the client did not read its answer (write queue cap or "
           "write timeout).",
           slow_clients_dropped);
+  line(out, "tandem_answers_refused_total", "counter",
+       "Answers (or their reservations) refused by a bound on queued answer bytes: 413 over "
+       "--max-write-queue, 503 over --max-write-total; a stream refused is dropped.");
+  out += "tandem_answers_refused_total{bound=\"connection\"} " +
+         std::to_string(answers_refused_connection) + "\n";
+  out += "tandem_answers_refused_total{bound=\"total\"} " + std::to_string(answers_refused_total) +
+         "\n";
+  line(out, "tandem_evicted_connections_total", "counter",
+       "Connections closed to make room: slow readers for --max-write-total, idle keep-alive "
+       "connections for a new connection at a connection cap.");
+  out += "tandem_evicted_connections_total{why=\"slow_reader\"} " +
+         std::to_string(slow_clients_evicted) + "\n";
+  out += "tandem_evicted_connections_total{why=\"idle\"} " +
+         std::to_string(idle_connections_evicted) + "\n";
   counter("tandem_client_disconnects_total",
           "Clients that hung up while their request was being answered.", client_disconnects);
   gauge("tandem_sessions_open", "Open native sessions.", sessions_open);
@@ -112,6 +126,8 @@ std::string Metrics::render() const {
   gauge("tandem_queue_length", "Jobs waiting or running.", queue_length);
   gauge("tandem_sse_clients", "Open server-sent-event streams.", sse_clients);
   gauge("tandem_connections", "Open client connections.", connections);
+  gauge("tandem_write_queued_bytes", "Answer bytes queued for all clients, not yet written.",
+        write_queued_bytes);
   line(out, "tandem_batch_tokens", "histogram", "Tokens per decode batch.");
   batch_tokens.render("tandem_batch_tokens", out);
   line(out, "tandem_batch_jobs", "histogram", "Jobs sharing one decode batch.");

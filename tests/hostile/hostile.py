@@ -747,6 +747,111 @@ def rewind_413_keeps_history(s, c, seen):
     return []
 
 
+def metric_values(s, prefix):
+    """{series: value} of the /metrics lines that start with `prefix`."""
+    status, text = Http(s.server.port, s.honest, source=HONEST_ADDR).request("GET", "/metrics")
+    if status != 200 or not isinstance(text, bytes):
+        return {}
+    out = {}
+    for line in text.decode().splitlines():
+        if line.startswith(prefix):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def detokenize_answered(s):
+    return sum(v for k, v in metric_values(s, 'tandem_requests_total{route="/detokenize"').items())
+
+
+UNREAD_CONNECTIONS, UNREAD_ADDRESSES, UNREAD_IDS = 60, 6, 200_000
+WRITE_TOTAL = 64 * MIB  # --max-write-total's default
+SMALL_ANSWER = 16 << 10
+
+
+def attack_unread(s):
+    """60 connections, 10 from each of 6 addresses, each POST /detokenize 200,000 ids of a 31-byte
+    piece (0.8 MB body, 6.2 MB answer) and never read: the answers queued for them must stay
+    within --max-write-total, and a client that reads must still get its whole answer."""
+    status, data = Http(s.server.port, s.mallory).post(
+        "/tokenize", {"content": " " * 31, "with_pieces": True, "add_special": False})
+    piece = max(data["tokens"], key=lambda t: len(t["piece"].encode()))
+    body = json.dumps({"tokens": [piece["id"]] * UNREAD_IDS}).encode()
+    before = detokenize_answered(s)
+    socks, refused = [], 0
+    for i in range(UNREAD_CONNECTIONS):
+        try:
+            sock = raw_socket(s.server.port, source=f"127.0.0.{10 + i % UNREAD_ADDRESSES}",
+                              rcvbuf=4096, timeout=10)
+            sock.sendall(raw_request("/detokenize", body, s.mallory))
+            socks.append(sock)
+        except OSError:
+            refused += 1
+    # Until the server has dealt with every request (or 60 s): the queued total at its highest.
+    deadline, queued = time.monotonic() + 60, -1.0
+    while time.monotonic() < deadline:
+        queued = max(queued, metric_values(s, "tandem_write_queued_bytes").get(
+            "tandem_write_queued_bytes", -1))
+        if detokenize_answered(s) >= before + len(socks):
+            break
+        time.sleep(0.2)
+    time.sleep(1.5)  # the non-readers stall past --slow-reader-grace
+    n = 20_000
+    t0 = time.monotonic()
+    try:
+        status, data = Http(s.server.port, s.honest, source=HONEST_ADDR).post(
+            "/detokenize", {"tokens": [piece["id"]] * n}, timeout=30)
+    except (OSError, http.client.HTTPException) as e:
+        status, data = type(e).__name__, None
+    latency = time.monotonic() - t0
+    whole = status == 200 and len(data["content"]) >= n * len(piece["piece"]) - 1
+    for sock in socks:
+        sock.close()
+    failures = []
+    if queued < 0:
+        failures.append("no tandem_write_queued_bytes in /metrics")
+    elif queued > WRITE_TOTAL + len(socks) * SMALL_ANSWER:
+        failures.append(f"{queued / MIB:.0f} MiB of answers queued, over --max-write-total")
+    if not whole:
+        failures.append(f"a reading client's {n}-id /detokenize: {status}, not its whole answer")
+    counts = metric_values(s, "tandem_answers_refused_total")
+    counts.update(metric_values(s, "tandem_evicted_connections_total"))
+    told = ", ".join(f"{k.split('{')[1].rstrip('}')} {v:.0f}" for k, v in counts.items())
+    return (f"{len(socks)} sent, {refused} refused at connect; queued peak "
+            f"{max(queued, 0) / MIB:.0f} MiB; reader: {status} in {latency:.2f} s; {told}"), failures
+
+
+def attack_idle(s):
+    """16 addresses x 64 keep-alive connections, one /health each, then idle: at the caps the
+    oldest idle ones make way, so a newcomer from another address is served, not locked out."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    socks, served, refused = [], 0, 0
+    for i in range(16 * 64):
+        try:
+            sock = raw_socket(s.server.port, source=f"127.0.0.{40 + i // 64}", timeout=5)
+            sock.sendall(request)
+            answer = sock.recv(4096)
+            served += answer.startswith(b"HTTP/1.1 200")
+            refused += not answer.startswith(b"HTTP/1.1 200")
+            socks.append(sock)
+        except OSError:
+            refused += 1
+    evicted = sum(1 for sock in socks if closed_by_server(sock))
+    try:
+        status, _ = Http(s.server.port, source="127.0.0.60", timeout=10).request("GET", "/health")
+    except (OSError, http.client.HTTPException) as e:
+        status = type(e).__name__
+    for sock in socks:
+        sock.close()
+    failures = [] if status == 200 else [f"a newcomer after the idle connections: {status}"]
+    return (f"{served} served and left idle, {refused} refused, {evicted} of them closed since; "
+            f"newcomer: {status}"), failures
+
+
 ATTACKS = [
     ("nested JSON (6 routes, depth 100k)", attack_nested, {}),
     ("tokenizer CPU (2x1 MB /tokenize + chat)", attack_tokenizer, {}),
@@ -757,6 +862,8 @@ ATTACKS = [
     ("unbounded output (SGLang streams)", attack_streams, {}),
     ("memory (prompt logprobs, full context)", attack_memory, {}),
     ("smaller (stop, 2^63, seed, 413 rewind)", attack_smaller, {}),
+    ("unread (60 x 6.2 MB /detokenize answers)", attack_unread, {}),
+    ("idle (16 addresses x 64 keep-alive)", attack_idle, {}),
 ]
 
 
