@@ -6,7 +6,8 @@ Usage: hostile.py TANDEM_BINARY [--model M.gguf] [--out REPORT.json] [--only NAM
 
 For every attack it checks: the server process is alive, /health answered within 1 s throughout
 (polled every 200 ms from another thread), the honest device's greedy tokens equal its no-attack
-tokens, its step p99 is within 3x of the no-attack p99, and the server's RSS (VmRSS, polled every
+tokens, its step p99 is within 3x of the no-attack p99 (plus a slack an attack names, issue 32: 100 ms for
+unread), and the server's RSS (VmRSS, polled every
 50 ms) stays under a cap derived from the flags. Attack-specific checks come on top (e.g. a nested
 body must get 400). It prints one table, writes it as JSON to --out and as markdown beside it
 (same name, .md), and exits 1 naming every failed check; 77 when the model is missing.
@@ -862,7 +863,9 @@ ATTACKS = [
     ("unbounded output (SGLang streams)", attack_streams, {}),
     ("memory (prompt logprobs, full context)", attack_memory, {}),
     ("smaller (stop, 2^63, seed, 413 rewind)", attack_smaller, {}),
-    ("unread (60 x 6.2 MB /detokenize answers)", attack_unread, {}),
+    # Issue 32's bound for this attack: 60 clients push 48 MB of request bodies through the same
+    # two cores the honest device's steps run on, so its p99 may grow by 100 ms beyond 3x.
+    ("unread (60 x 6.2 MB /detokenize answers)", attack_unread, {"p99_slack_s": 0.1}),
     ("idle (16 addresses x 64 keep-alive)", attack_idle, {}),
 ]
 
@@ -928,7 +931,7 @@ class Suite:
         _, _, rss = self.monitor.snapshot()
         self.rss_cap = rss + self.server.kv_cap + RSS_HEADROOM
 
-    def run_attack(self, name, fn, pause_honest=False):
+    def run_attack(self, name, fn, pause_honest=False, p99_slack_s=0.0):
         restarted = []
         if not self.quiet():
             restarted.append("before: wedged or dead" + self.server.restart())
@@ -973,9 +976,10 @@ class Suite:
             failures.append(f"honest device: {honest.error}")
         elif not equal:
             failures.append("honest greedy output differs from the baseline")
-        if not (honest_p99 <= P99_FACTOR * self.base_p99):
+        if not (honest_p99 <= P99_FACTOR * self.base_p99 + p99_slack_s):
+            slack = f" + {p99_slack_s * 1000:.0f} ms" if p99_slack_s else ""
             failures.append(f"honest step p99 {honest_p99 * 1000:.0f} ms > {P99_FACTOR:g}x "
-                            f"baseline {self.base_p99 * 1000:.0f} ms")
+                            f"baseline {self.base_p99 * 1000:.0f} ms{slack}")
         if rss_peak > self.rss_cap:
             failures.append(f"RSS peak {rss_peak / MIB:.0f} MiB > cap {self.rss_cap / MIB:.0f} MiB")
         if not alive or not self.quiet():
