@@ -213,23 +213,19 @@ StepRefusal Scheduler::check_step_locked(Session& s, const StepStart& step) {
 }
 
 uint64_t Scheduler::prefix_hash(Session& s, int n) {
-  forget_hash_past(s, n);
-  s.hash.add(std::span<const TokenId>(s.history).subspan(static_cast<size_t>(s.hashed_len),
-                                                         static_cast<size_t>(n - s.hashed_len)));
-  s.hashed_len = n;
-  return s.hash.value();
+  std::vector<uint64_t>& h = s.prefix_hashes;
+  const size_t want = static_cast<size_t>(n);
+  while (h.size() <= want) {  // extends by the tokens appended since the last check only
+    HistoryHash next(h.back());
+    next.add(s.history[h.size() - 1]);
+    h.push_back(next.value());
+  }
+  return h[want];
 }
 
 void Scheduler::cut_history(Session& s, int n) {
   s.history.resize(static_cast<size_t>(n));
-  forget_hash_past(s, n);
-}
-
-// FNV-1a cannot be taken back: a hash of more than n tokens is dropped, to be made again.
-void Scheduler::forget_hash_past(Session& s, int n) {
-  if (n >= s.hashed_len) return;
-  s.hash = HistoryHash();
-  s.hashed_len = 0;
+  if (s.prefix_hashes.size() > s.history.size() + 1) s.prefix_hashes.resize(s.history.size() + 1);
 }
 
 // Cuts the history for a checked step, appends its tokens, gives the job its StepBegun and

@@ -233,10 +233,11 @@ class Scheduler {
     // What the running step's rewind cut off the history; a step that never runs puts it back.
     std::vector<TokenId> cut_tail;
     int kv_len = 0;  // history[0, kv_len) is in the slot's cache
-    // HistoryHash of history[0, hashed_len): a step's expected_hash costs only what was added
-    // since the last one. Every cut of the history goes through cut_history, which resets it.
-    HistoryHash hash;
-    int hashed_len = 0;
+    // prefix_hashes[i] = HistoryHash of history[0, i), for i <= prefix_hashes.size() - 1 (never
+    // empty: [0] is the empty history's). Filled up lazily by prefix_hash and cut with the
+    // history (cut_history), so an expected_hash check at any position costs only the tokens
+    // added since the last check, never a rehash from 0 under the lock. 8 bytes a token.
+    std::vector<uint64_t> prefix_hashes{HistoryHash::kOffset};
     bool busy = false;
     std::shared_ptr<Job> running;  // the step that holds the session (busy), queued or running
     int waiting = 0;               // its steps in waiting_
@@ -279,11 +280,10 @@ class Scheduler {
   // StepBegun and queues it. take_queue_place_locked holds a place for the job in the queue
   // and its owner's quota, or says why not.
   StepRefusal check_step_locked(Session& s, const StepStart& step);
-  // HistoryHash of s.history[0, n); cut_history shortens the history (and forgets the hash of
-  // what it cut).
+  // HistoryHash of s.history[0, n); cut_history shortens the history (and drops the prefix
+  // hashes past it).
   static uint64_t prefix_hash(Session& s, int n);
   static void cut_history(Session& s, int n);
-  static void forget_hash_past(Session& s, int n);
   void run_step_locked(Session& s, const std::shared_ptr<Job>& job);
   bool take_queue_place_locked(Job& job, SubmitRefusal* why);
   size_t queued_locked() const { return pending_.size() + active_count_ + waiting_.size(); }
