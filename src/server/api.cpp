@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "server/api_internal.h"
+#include "server/fair_share.h"
 
 namespace tandem::server {
 
@@ -129,7 +130,9 @@ void answering_errors(Responder& res, Work&& work) {
 // rendering chat templates, detokenizing. It never runs on an I/O thread, so /health and the
 // native steps stay prompt whatever text other clients send. The queue is bounded (a full one
 // answers 503); tasks still queued when the server goes away are dropped, and their responders
-// answer 500 as they are destroyed.
+// answer 500 as they are destroyed. The queue takes turns between keys (fair_share.h
+// FairQueue): with K keys waiting, a key's oldest task starts within K tasks, however many
+// another key has queued.
 class CpuWorkers {
  public:
   CpuWorkers(int threads, size_t max_queued) : max_queued_(max_queued) {
@@ -144,12 +147,12 @@ class CpuWorkers {
     wake_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  // False when the queue is full.
-  bool post(std::function<void()> task) {
+  // Queues `task` in `key`'s lane; false when the queue is full.
+  bool post(const std::string& key, std::function<void()> task) {
     {
       std::lock_guard lk(mu_);
       if (stop_ || queue_.size() >= max_queued_) return false;
-      queue_.push_back(std::move(task));
+      queue_.push(key, std::move(task));
     }
     wake_.notify_one();
     return true;
@@ -163,8 +166,7 @@ class CpuWorkers {
         std::unique_lock lk(mu_);
         wake_.wait(lk, [&] { return stop_ || !queue_.empty(); });
         if (stop_) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
+        task = queue_.pop();
       }
       task();
     }
@@ -173,7 +175,7 @@ class CpuWorkers {
   const size_t max_queued_;
   std::mutex mu_;
   std::condition_variable wake_;
-  std::deque<std::function<void()>> queue_;
+  FairQueue<std::function<void()>> queue_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };
@@ -206,11 +208,14 @@ Api::Impl::Impl(Scheduler& s, Metrics& m, const ApiOptions& o)
 
 Api::Impl::~Impl() = default;
 
-// Runs `work(request, responder)` on a CPU worker with its own copy of the request.
+// Runs `work(request, responder)` on a CPU worker with its own copy of the request, in the
+// caller's lane of the workers' fair queue (route has authenticated it already, so this only
+// finds the name again: a digest and a compare per stored key).
 void Api::Impl::offload(const HttpRequest& req, ResponderPtr res, Work work) {
   auto copy = std::make_shared<HttpRequest>(req);
-  const bool queued = workers->post(
-      [copy, res, work = std::move(work)] { answering_errors(*res, [&] { work(*copy, res); }); });
+  const bool queued = workers->post(authenticate(req).name, [copy, res, work = std::move(work)] {
+    answering_errors(*res, [&] { work(*copy, res); });
+  });
   if (!queued) {
     ++metrics.rejected_overload;
     throw ApiError(503, "unavailable",

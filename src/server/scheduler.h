@@ -249,6 +249,7 @@ class Scheduler {
     std::vector<TokenId> cached;  // tokens in the slot's cache
     bool busy = false;
     Clock::time_point last_used = Clock::now();
+    std::string owner = {};  // the key of its job while busy (fair admission)
   };
 
   void engine_loop();
@@ -257,6 +258,8 @@ class Scheduler {
   // (Ended: client gone, session lost, no room), or stays queued (Wait: stateless slots busy).
   enum class Admission { Admitted, Ended, Wait };
   Admission admit_one_locked(Job& job, uint64_t cap_tokens);
+  void admit_stateless_locked(std::vector<std::shared_ptr<Job>>& active, uint64_t cap_tokens);
+  void admit_at_locked(size_t& i, Admission admission, std::vector<std::shared_ptr<Job>>& active);
   // admit_locked's steps for one queued job. A session's step gets KV room in its own slot
   // (false: no room; its history is already put back). A stateless request gets the free slot
   // whose cache shares the longest prefix with its tokens, and KV room there.
@@ -311,6 +314,11 @@ class Scheduler {
   struct BatchPlan;
   void finish_unfed_jobs(std::vector<std::shared_ptr<Job>>& active);
   BatchPlan plan_batch(const std::vector<std::shared_ptr<Job>>& active);
+  std::vector<size_t> prefill_order(const std::vector<std::shared_ptr<Job>>& active);
+  // The key whose prefilling jobs went first in the last batch with prefill (engine thread):
+  // the next batch starts with the key after it by name (fair_share.h turn_order).
+  std::string prefill_first_;
+  bool prefill_turned_ = false;
   bool decode_or_fail(std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan);
   void note_cached_tokens(const std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan);
   void deliver_batch(std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan);
