@@ -132,10 +132,12 @@ void answering_errors(Responder& res, Work&& work) {
 // answers 503); tasks still queued when the server goes away are dropped, and their responders
 // answer 500 as they are destroyed. The queue takes turns between keys (fair_share.h
 // FairQueue): with K keys waiting, a key's oldest task starts within K tasks, however many
-// another key has queued.
+// another key has queued; and one key holds at most `max_per_key` places, so that on a server
+// with several clients a flood leaves places for the others.
 class CpuWorkers {
  public:
-  CpuWorkers(int threads, size_t max_queued) : max_queued_(max_queued) {
+  CpuWorkers(int threads, size_t max_queued, size_t max_per_key)
+      : max_queued_(max_queued), max_per_key_(max_per_key) {
     for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { loop(); });
   }
   ~CpuWorkers() {
@@ -151,7 +153,9 @@ class CpuWorkers {
   bool post(const std::string& key, std::function<void()> task) {
     {
       std::lock_guard lk(mu_);
-      if (stop_ || queue_.size() >= max_queued_) return false;
+      if (stop_ || queue_.size() >= max_queued_ || queue_.size_of(key) >= max_per_key_) {
+        return false;
+      }
       queue_.push(key, std::move(task));
     }
     wake_.notify_one();
@@ -173,6 +177,7 @@ class CpuWorkers {
   }
 
   const size_t max_queued_;
+  const size_t max_per_key_;
   std::mutex mu_;
   std::condition_variable wake_;
   FairQueue<std::function<void()>> queue_;
@@ -202,8 +207,11 @@ Api::Impl::Impl(Scheduler& s, Metrics& m, const ApiOptions& o)
                  {"idle_timeout_s", s.options().idle_timeout_s},
                  {"max_sessions", s.options().max_sessions},
                  {"max_queued_steps", s.options().max_queued_steps}};
-  workers =
-      std::make_unique<CpuWorkers>(options.cpu_workers, static_cast<size_t>(options.max_cpu_queue));
+  // With several clients one key may hold three quarters of the tokenizer queue (at least 1).
+  const auto places = static_cast<size_t>(options.max_cpu_queue);
+  const size_t per_key =
+      options.keys.client_count() > 1 ? std::max<size_t>(1, places * 3 / 4) : places;
+  workers = std::make_unique<CpuWorkers>(options.cpu_workers, places, per_key);
 }
 
 Api::Impl::~Impl() = default;
@@ -219,8 +227,9 @@ void Api::Impl::offload(const HttpRequest& req, ResponderPtr res, Work work) {
   if (!queued) {
     ++metrics.rejected_overload;
     throw ApiError(503, "unavailable",
-                   "all " + std::to_string(options.max_cpu_queue) +
-                       " places in the tokenizer queue are taken; retry later");
+                   "the tokenizer queue (" + std::to_string(options.max_cpu_queue) +
+                       " places, at most three quarters per client when there are several) "
+                       "has no place for this request; retry later");
   }
 }
 
