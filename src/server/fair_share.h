@@ -8,6 +8,7 @@
 // (tests/server/test_fair_share.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <deque>
 #include <map>
@@ -51,22 +52,32 @@ inline std::vector<size_t> turn_order(const std::vector<std::string>& item_keys,
   return out;
 }
 
-// Which waiting job gets a freed shared resource (a stateless slot): the one whose key holds
-// the fewest of it now (`held`: key -> count), the earliest among equals. item_keys[i] is the
-// key of waiting job i, in arrival order; returns its index (item_keys must not be empty).
+// Which waiting job gets a freed shared resource (a stateless slot): the oldest job of the key
+// that holds the fewest of it now (`held`: key -> count); among keys holding equally few, the
+// next in turn after `last`, the key served last (by name, wrapping; see next_turn). A slot a
+// key's job just gave back thus goes to another key that waits, not to the same key's next job.
+// item_keys[i] is the key of waiting job i, in arrival order (must not be empty); returns i.
 inline size_t least_served(const std::vector<std::string>& item_keys,
-                           const std::map<std::string, int>& held) {
-  size_t best = 0;
-  int best_held = -1;
-  for (size_t i = 0; i < item_keys.size(); ++i) {
-    auto it = held.find(item_keys[i]);
-    const int h = it == held.end() ? 0 : it->second;
-    if (best_held < 0 || h < best_held) {
-      best = i;
-      best_held = h;
-    }
+                           const std::map<std::string, int>& held, const std::string& last,
+                           bool has_last) {
+  auto held_by = [&](const std::string& k) {
+    auto it = held.find(k);
+    return it == held.end() ? 0 : it->second;
+  };
+  int fewest = -1;
+  for (const std::string& k : item_keys) {
+    if (fewest < 0 || held_by(k) < fewest) fewest = held_by(k);
   }
-  return best;
+  std::vector<std::string> keys;  // the keys holding `fewest`, sorted, distinct
+  for (const std::string& k : item_keys) {
+    if (held_by(k) == fewest) keys.push_back(k);
+  }
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  const std::string& turn = next_turn(keys, last, has_last);
+  size_t i = 0;
+  while (item_keys[i] != turn) ++i;
+  return i;
 }
 
 // A FIFO per key, popped round-robin: pop() takes the oldest item of the key whose turn it is

@@ -624,8 +624,9 @@ void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
 }
 
 // Stateless jobs, while a stateless slot is free: the next one is the oldest job of the key that
-// holds the fewest busy stateless slots (fair_share.h least_served), so a key with many waiting
-// requests cannot take every slot as it frees while another key's request waits.
+// holds the fewest busy stateless slots, the keys holding equally few taking turns (fair_share.h
+// least_served), so a key with many waiting requests cannot take every slot as it frees while
+// another key's request waits.
 void Scheduler::admit_stateless_locked(std::vector<std::shared_ptr<Job>>& active,
                                        uint64_t cap_tokens) {
   for (;;) {
@@ -641,9 +642,14 @@ void Scheduler::admit_stateless_locked(std::vector<std::shared_ptr<Job>>& active
     for (const StatelessSlot& st : stateless_) {
       if (st.busy) ++held[st.owner];
     }
-    size_t i = waiting[least_served(keys, held)];
+    size_t i = waiting[least_served(keys, held, stateless_last_key_, stateless_served_)];
+    const std::string key = pending_[i]->owner;
     const Admission admission = admit_one_locked(*pending_[i], cap_tokens);
     if (admission == Admission::Wait) return;  // every stateless slot is busy
+    if (admission == Admission::Admitted) {
+      stateless_last_key_ = key;
+      stateless_served_ = true;
+    }
     admit_at_locked(i, admission, active);
   }
 }

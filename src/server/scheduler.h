@@ -259,6 +259,9 @@ class Scheduler {
   enum class Admission { Admitted, Ended, Wait };
   Admission admit_one_locked(Job& job, uint64_t cap_tokens);
   void admit_stateless_locked(std::vector<std::shared_ptr<Job>>& active, uint64_t cap_tokens);
+  // The key whose job took a stateless slot last (fair_share.h least_served's turn).
+  std::string stateless_last_key_;
+  bool stateless_served_ = false;
   void admit_at_locked(size_t& i, Admission admission, std::vector<std::shared_ptr<Job>>& active);
   // admit_locked's steps for one queued job. A session's step gets KV room in its own slot
   // (false: no room; its history is already put back). A stateless request gets the free slot

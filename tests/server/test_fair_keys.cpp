@@ -112,6 +112,45 @@ TEST(FairKeys, FloodingKeyDoesNotStallAnotherKeysSteps) {
   EXPECT_GE(a_done.load(), 1);  // the flood was served too
 }
 
+// The value of a gauge in /metrics (-1 when absent).
+double gauge(TestClient& c, const std::string& name) {
+  const std::string text = c.get("/metrics").body;
+  const size_t at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
+}
+
+// One stateless slot, key A's 6 long requests queued for it: key B's short request gets the
+// slot as soon as A's running request frees it (B holds no slot, A holds one), not after A's
+// whole queue. Before the keys took turns B waited for all 6.
+TEST(FairKeys, FreedStatelessSlotGoesToTheKeyHoldingFewest) {
+  KeyFile keys;
+  ServerProcess server(model_path(), {"--api-key-file", keys.path(), "--parallel", "1",
+                                      "--max-queue-per-key", "16", "-c", "1024"});
+  std::atomic<int> a_done{0};
+  std::vector<std::thread> flood;
+  for (int t = 0; t < 6; ++t) {
+    flood.emplace_back([&, t] {
+      TestClient a(server.port(), false, kAKey);
+      const json body = {
+          {"prompt", tokens(600, 1 + 37 * t)}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}};
+      EXPECT_EQ(a.post("/v1/completions", body, 300).status, 200);
+      ++a_done;
+    });
+  }
+  TestClient b(server.port(), false, kBKey);
+  while (gauge(b, "tandem_queue_length") < 6 && a_done == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const int done_before = a_done;
+  const HttpResult r = b.post("/v1/completions", {{"prompt", tokens(8)}, {"max_tokens", 1}}, 300);
+  const int done_during = a_done - done_before;
+  EXPECT_EQ(r.status, 200) << r.body;
+  for (auto& t : flood) t.join();
+  EXPECT_LE(done_during, 2) << "A requests that ended while B's one waited and ran";
+  std::printf("A requests ended during B's request: %d (A done before it: %d)\n", done_during,
+              done_before);
+}
+
 // The role is part of the conversation the chat template renders and the tokenizer reads.
 TEST(FairKeys, ChatRoleCountsAgainstMaxTextBytes) {
   ServerProcess server(model_path(), {"--max-text-bytes", "1000"});

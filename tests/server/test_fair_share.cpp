@@ -83,12 +83,33 @@ TEST(FairShare, AFloodingKeyAtMostDoublesAnotherKeysPrefillBatches) {
   EXPECT_LE(batches_for_b(8, 3000, 40, 16), 2 * 3);  // ceil(40 / 16) = 3 alone
 }
 
-TEST(FairShare, LeastServedPicksTheKeyHoldingFewestSlotsEarliestFirst) {
+TEST(FairShare, LeastServedPicksTheKeyHoldingFewestSlotsThenTakesTurns) {
   const std::vector<std::string> waiting = {"A", "A", "B", "C", "B"};
-  EXPECT_EQ(least_served(waiting, {}), 0u);                    // nobody holds any
-  EXPECT_EQ(least_served(waiting, {{"A", 4}}), 2u);            // B's oldest
-  EXPECT_EQ(least_served(waiting, {{"A", 4}, {"B", 1}}), 3u);  // C holds none
-  EXPECT_EQ(least_served(waiting, {{"A", 1}, {"B", 1}, {"C", 1}}), 0u);
+  EXPECT_EQ(least_served(waiting, {}, "", false), 0u);                    // A's oldest
+  EXPECT_EQ(least_served(waiting, {{"A", 4}}, "", false), 2u);            // B's oldest
+  EXPECT_EQ(least_served(waiting, {{"A", 4}, {"B", 1}}, "", false), 3u);  // C holds none
+  EXPECT_EQ(least_served(waiting, {{"A", 1}, {"B", 1}, {"C", 1}}, "", false), 0u);
+  // All hold as few (a slot just freed): the key after the one served last, wrapping.
+  EXPECT_EQ(least_served(waiting, {}, "A", true), 2u);
+  EXPECT_EQ(least_served(waiting, {}, "B", true), 3u);
+  EXPECT_EQ(least_served(waiting, {}, "C", true), 0u);
+  EXPECT_EQ(least_served(waiting, {{"B", 2}}, "A", true), 3u);  // B holds more: C's turn
+}
+
+// One slot, key A with 6 waiting jobs, key B with 2: as the slot frees, the keys alternate.
+TEST(FairShare, OneSlotAlternatesBetweenKeys) {
+  std::vector<std::string> waiting = {"A", "A", "A", "A", "A", "A", "B", "B"};
+  std::string last;
+  bool has = false;
+  std::string served;
+  while (!waiting.empty()) {
+    const size_t i = least_served(waiting, {}, last, has);
+    last = waiting[i];
+    has = true;
+    served += last;
+    waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  EXPECT_EQ(served, "ABABAAAA");
 }
 
 TEST(FairShare, QueuePopsKeysInTurnAndEachKeyInArrivalOrder) {
