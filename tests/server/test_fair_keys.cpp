@@ -57,6 +57,13 @@ std::string hash_hex(const std::vector<int>& history) {
   return HistoryHash::hex(HistoryHash::of(history));
 }
 
+// The value of a gauge in /metrics (-1 when absent).
+double gauge(TestClient& c, const std::string& name) {
+  const std::string text = c.get("/metrics").body;
+  const size_t at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
+}
+
 // Key A keeps 8 connections busy with 600-token prompts asking for their log-probabilities
 // (each one is 600 logits rows: 300 batches at the default --prefill-chunk, with 4 stateless
 // slots always full and 4 more waiting); key B then makes 6 session steps of 4 appended tokens.
@@ -70,7 +77,6 @@ TEST(FairKeys, FloodingKeyDoesNotStallAnotherKeysSteps) {
   ServerProcess server(model_path(), {"--api-key-file", keys.path(), "--parallel", "4",
                                       "--max-queue-per-key", "16", "-c", "1024"});
   std::atomic<bool> stop{false};
-  std::atomic<int> a_started{0};
   std::atomic<int> a_done{0};
   std::atomic<int> a_failed{0};
   std::vector<std::thread> flood;
@@ -80,17 +86,16 @@ TEST(FairKeys, FloodingKeyDoesNotStallAnotherKeysSteps) {
       const json body = {
           {"prompt", tokens(600, 1 + 37 * t)}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}};
       while (!stop) {
-        ++a_started;
         const HttpResult r = a.post("/v1/completions", body, 300);
         if (r.status != 200) ++a_failed;
-        if (!stop) ++a_done;
+        ++a_done;
       }
     });
   }
-  while (a_started < 8) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let A's jobs be admitted
-
   TestClient b(server.port(), false, kBKey);
+  while (gauge(b, "tandem_queue_length") < 8 && a_done == 0) {  // A's 8 jobs queued or running
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   const HttpResult created = b.post("/tandem/v1/sessions", json::object());
   ASSERT_EQ(created.status, 201) << created.body;
   const std::string id = created.j()["session"];
@@ -109,14 +114,7 @@ TEST(FairKeys, FloodingKeyDoesNotStallAnotherKeysSteps) {
   EXPECT_EQ(a_failed.load(), 0);
   EXPECT_LE(done_during, 3) << "A jobs that ended while B made its 6 steps";
   std::printf("A jobs ended during B's steps: %d; in all: %d\n", done_during, a_done.load());
-  EXPECT_GE(a_done.load(), 1);  // the flood was served too
-}
-
-// The value of a gauge in /metrics (-1 when absent).
-double gauge(TestClient& c, const std::string& name) {
-  const std::string text = c.get("/metrics").body;
-  const size_t at = text.find("\n" + name + " ");
-  return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
+  EXPECT_GE(a_done.load(), 8);  // the flood was served too: every connection's request ended
 }
 
 // One stateless slot, key A's 6 long requests queued for it: key B's short request gets the
