@@ -18,6 +18,10 @@ class HistoryHash {
   static constexpr uint64_t kOffset = 0xcbf29ce484222325ull;
   static constexpr uint64_t kPrime = 0x100000001b3ull;
 
+  HistoryHash() = default;
+  // Goes on from the hash of a prefix (the value() of a HistoryHash that saw it).
+  explicit HistoryHash(uint64_t value) : value_(value) {}
+
   void add(int32_t token) {
     const auto bits = static_cast<uint32_t>(token);
     for (int byte = 0; byte < 4; ++byte) {

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "server/api_internal.h"
+#include "server/fair_share.h"
 
 namespace tandem::server {
 
@@ -134,10 +135,14 @@ void answering_errors(Responder& res, Work&& work) {
 // rendering chat templates, detokenizing. It never runs on an I/O thread, so /health and the
 // native steps stay prompt whatever text other clients send. The queue is bounded (a full one
 // answers 503); tasks still queued when the server goes away are dropped, and their responders
-// answer 500 as they are destroyed.
+// answer 500 as they are destroyed. The queue takes turns between keys (fair_share.h
+// FairQueue): with K keys waiting, a key's oldest task starts within K tasks, however many
+// another key has queued; and one key holds at most `max_per_key` places, so that on a server
+// with several clients a flood leaves places for the others.
 class CpuWorkers {
  public:
-  CpuWorkers(int threads, size_t max_queued) : max_queued_(max_queued) {
+  CpuWorkers(int threads, size_t max_queued, size_t max_per_key)
+      : max_queued_(max_queued), max_per_key_(max_per_key) {
     for (int i = 0; i < std::max(1, threads); ++i) {
       threads_.emplace_back([this] {
         yield_to_engine();
@@ -154,12 +159,14 @@ class CpuWorkers {
     wake_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  // False when the queue is full.
-  bool post(std::function<void()> task) {
+  // Queues `task` in `key`'s lane; false when the queue is full.
+  bool post(const std::string& key, std::function<void()> task) {
     {
       std::lock_guard lk(mu_);
-      if (stop_ || queue_.size() >= max_queued_) return false;
-      queue_.push_back(std::move(task));
+      if (stop_ || queue_.size() >= max_queued_ || queue_.size_of(key) >= max_per_key_) {
+        return false;
+      }
+      queue_.push(key, std::move(task));
     }
     wake_.notify_one();
     return true;
@@ -182,17 +189,17 @@ class CpuWorkers {
         std::unique_lock lk(mu_);
         wake_.wait(lk, [&] { return stop_ || !queue_.empty(); });
         if (stop_) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
+        task = queue_.pop();
       }
       task();
     }
   }
 
   const size_t max_queued_;
+  const size_t max_per_key_;
   std::mutex mu_;
   std::condition_variable wake_;
-  std::deque<std::function<void()>> queue_;
+  FairQueue<std::function<void()>> queue_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };
@@ -219,22 +226,29 @@ Api::Impl::Impl(Scheduler& s, Metrics& m, const ApiOptions& o)
                  {"idle_timeout_s", s.options().idle_timeout_s},
                  {"max_sessions", s.options().max_sessions},
                  {"max_queued_steps", s.options().max_queued_steps}};
-  workers =
-      std::make_unique<CpuWorkers>(options.cpu_workers, static_cast<size_t>(options.max_cpu_queue));
+  // With several clients one key may hold three quarters of the tokenizer queue (at least 1).
+  const auto places = static_cast<size_t>(options.max_cpu_queue);
+  const size_t per_key =
+      options.keys.client_count() > 1 ? std::max<size_t>(1, places * 3 / 4) : places;
+  workers = std::make_unique<CpuWorkers>(options.cpu_workers, places, per_key);
 }
 
 Api::Impl::~Impl() = default;
 
-// Runs `work(request, responder)` on a CPU worker with its own copy of the request.
+// Runs `work(request, responder)` on a CPU worker with its own copy of the request, in the
+// caller's lane of the workers' fair queue (route has authenticated it already, so this only
+// finds the name again: a digest and a compare per stored key).
 void Api::Impl::offload(const HttpRequest& req, ResponderPtr res, Work work) {
   auto copy = std::make_shared<HttpRequest>(req);
-  const bool queued = workers->post(
-      [copy, res, work = std::move(work)] { answering_errors(*res, [&] { work(*copy, res); }); });
+  const bool queued = workers->post(authenticate(req).name, [copy, res, work = std::move(work)] {
+    answering_errors(*res, [&] { work(*copy, res); });
+  });
   if (!queued) {
     ++metrics.rejected_overload;
     throw ApiError(503, "unavailable",
-                   "all " + std::to_string(options.max_cpu_queue) +
-                       " places in the tokenizer queue are taken; retry later");
+                   "the tokenizer queue (" + std::to_string(options.max_cpu_queue) +
+                       " places, at most three quarters per client when there are several) "
+                       "has no place for this request; retry later");
   }
 }
 

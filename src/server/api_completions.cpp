@@ -97,7 +97,9 @@ std::vector<ChatMessage> read_messages(const json& j, size_t max_text_bytes) {
     throw bad("messages", "must be a non-empty array of {role, content}");
   }
   std::vector<ChatMessage> chat;
-  size_t chat_bytes = 0;  // all messages' text together count against --max-text-bytes
+  // All messages' roles and texts together count against --max-text-bytes: the chat template
+  // renders (and the tokenizer reads) the role as much as the content.
+  size_t chat_bytes = 0;
   for (size_t i = 0; i < msgs->size(); ++i) {
     const json& m = (*msgs)[i];
     const std::string at = "messages[" + std::to_string(i) + "]";
@@ -105,6 +107,8 @@ std::vector<ChatMessage> read_messages(const json& j, size_t max_text_bytes) {
     const json* role = field(m, "role");
     const json* content = field(m, "content");
     if (!role || !role->is_string()) throw bad(at + ".role", "must be a string");
+    chat_bytes += role->get_ref<const std::string&>().size();
+    check_text_size(chat_bytes, "messages", max_text_bytes);
     std::string text = message_text(content, at);
     chat_bytes += text.size();
     check_text_size(chat_bytes, "messages", max_text_bytes);

@@ -6,8 +6,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "common/error.h"
+#include "server/fair_share.h"
 #include "server/metrics.h"
 #include "server/random_id.h"
 
@@ -58,7 +60,7 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
   }
   for (int s = options_.max_sessions - 1; s >= 0; --s) free_session_slots_.push_back(s);
   for (int i = 0; i < options_.stateless_slots; ++i) {
-    stateless_.push_back({options_.max_sessions + i, {}, false, Clock::now()});
+    stateless_.push_back({options_.max_sessions + i, {}, false, Clock::now(), {}});
   }
   slot_len_.assign(cp.n_seq, 0);
   slot_target_.assign(cp.n_seq, 0);
@@ -213,23 +215,19 @@ StepRefusal Scheduler::check_step_locked(Session& s, const StepStart& step) {
 }
 
 uint64_t Scheduler::prefix_hash(Session& s, int n) {
-  forget_hash_past(s, n);
-  s.hash.add(std::span<const TokenId>(s.history).subspan(static_cast<size_t>(s.hashed_len),
-                                                         static_cast<size_t>(n - s.hashed_len)));
-  s.hashed_len = n;
-  return s.hash.value();
+  std::vector<uint64_t>& h = s.prefix_hashes;
+  const size_t want = static_cast<size_t>(n);
+  while (h.size() <= want) {  // extends by the tokens appended since the last check only
+    HistoryHash next(h.back());
+    next.add(s.history[h.size() - 1]);
+    h.push_back(next.value());
+  }
+  return h[want];
 }
 
 void Scheduler::cut_history(Session& s, int n) {
   s.history.resize(static_cast<size_t>(n));
-  forget_hash_past(s, n);
-}
-
-// FNV-1a cannot be taken back: a hash of more than n tokens is dropped, to be made again.
-void Scheduler::forget_hash_past(Session& s, int n) {
-  if (n >= s.hashed_len) return;
-  s.hash = HistoryHash();
-  s.hashed_len = 0;
+  if (s.prefix_hashes.size() > s.history.size() + 1) s.prefix_hashes.resize(s.history.size() + 1);
 }
 
 // Cuts the history for a checked step, appends its tokens, gives the job its StepBegun and
@@ -592,6 +590,7 @@ Scheduler::StatelessPick Scheduler::reserve_stateless_slot_locked(Job& job, uint
     return StatelessPick::NoRoom;
   }
   job.slot = best->slot;
+  best->owner = job.owner;
   job.cached = static_cast<int>(best_common);
   metrics_.cached_prompt_tokens += best_common;
   slot_target_[best->slot] = static_cast<int>(best_common + need);
@@ -599,10 +598,11 @@ Scheduler::StatelessPick Scheduler::reserve_stateless_slot_locked(Job& job, uint
 }
 
 // Frees the slots closed sessions left, drops waiting steps whose client left, then goes through
-// the queue in order: a job whose client is gone or whose session was lost ends; one that gets
-// KV room moves to `active`; a stateless one waits while every stateless slot is busy; one that
-// cannot get room is refused. A session step that ends here lets the session's next waiting
-// step join the queue's end, where this same pass reaches it.
+// the queue: session steps (each has its own slot) and jobs whose client is gone in arrival
+// order, then stateless jobs as stateless slots are free, fairly between keys. A job whose
+// client is gone or whose session was lost ends; one that gets KV room moves to `active`; one
+// that cannot get room is refused. A session step that ends here lets the session's next
+// waiting step join the queue's end, where this same pass reaches it.
 void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
   for (int slot : slots_to_release_) {
     ctx_->release(slot);
@@ -613,18 +613,61 @@ void Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& active) {
   const uint64_t cap_tokens = options_.kv_cap_bytes / kv_bytes_per_token_;
   for (size_t i = 0; i < pending_.size();) {
     std::shared_ptr<Job> job = pending_[i];
-    const Admission admission = admit_one_locked(*job, cap_tokens);
-    if (admission == Admission::Wait) {
-      ++i;
+    if (job->session_id.empty() && !job->dropped()) {
+      ++i;  // waits for admit_stateless_locked
       continue;
     }
-    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-    if (admission == Admission::Ended) continue;
-    job->on_admit();
-    active.push_back(job);
-    ++active_count_;
+    admit_at_locked(i, admit_one_locked(*job, cap_tokens), active);
   }
+  admit_stateless_locked(active, cap_tokens);
   metrics_.kv_bytes_in_use = static_cast<int64_t>(kv_tokens_locked() * kv_bytes_per_token_);
+}
+
+// Stateless jobs, while a stateless slot is free: the next one is the oldest job of the key that
+// holds the fewest busy stateless slots, the keys holding equally few taking turns (fair_share.h
+// least_served), so a key with many waiting requests cannot take every slot as it frees while
+// another key's request waits.
+void Scheduler::admit_stateless_locked(std::vector<std::shared_ptr<Job>>& active,
+                                       uint64_t cap_tokens) {
+  for (;;) {
+    std::vector<size_t> waiting;    // pending_ indices of stateless jobs, in arrival order
+    std::vector<std::string> keys;  // [waiting.size()] their owners
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (!pending_[i]->session_id.empty()) continue;
+      waiting.push_back(i);
+      keys.push_back(pending_[i]->owner);
+    }
+    if (waiting.empty()) return;
+    std::map<std::string, int> held;  // key -> its busy stateless slots
+    for (const StatelessSlot& st : stateless_) {
+      if (st.busy) ++held[st.owner];
+    }
+    size_t i = waiting[least_served(keys, held, stateless_last_key_, stateless_served_)];
+    const std::string key = pending_[i]->owner;
+    const Admission admission = admit_one_locked(*pending_[i], cap_tokens);
+    if (admission == Admission::Wait) return;  // every stateless slot is busy
+    if (admission == Admission::Admitted) {
+      stateless_last_key_ = key;
+      stateless_served_ = true;
+    }
+    admit_at_locked(i, admission, active);
+  }
+}
+
+// Moves pending_[i] on as `admission` says: it stays (Wait, ++i), leaves the queue (Ended), or
+// leaves it for `active` (Admitted).
+void Scheduler::admit_at_locked(size_t& i, Admission admission,
+                                std::vector<std::shared_ptr<Job>>& active) {
+  if (admission == Admission::Wait) {
+    ++i;
+    return;
+  }
+  std::shared_ptr<Job> job = pending_[i];
+  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+  if (admission == Admission::Ended) return;
+  job->on_admit();
+  active.push_back(job);
+  ++active_count_;
 }
 
 // admit_locked for one queued job: Admitted (it has its slot and KV room), Ended (answered here)
@@ -771,15 +814,13 @@ void Scheduler::finish_unfed_jobs(std::vector<std::shared_ptr<Job>>& active) {
   }
 }
 
-// Decoding jobs first (one token left to feed), then prefill chunks in arrival order, within
-// --batch-tokens and the prefill budget.
+// Decoding jobs first (one token left to feed), in arrival order; then prefill chunks within
+// --batch-tokens and the prefill budget, the keys (job owners) taking turns at going first
+// (fair_share.h turn_order), each key's jobs in arrival order.
 Scheduler::BatchPlan Scheduler::plan_batch(const std::vector<std::shared_ptr<Job>>& active) {
   BatchPlan plan;
   int budget = options_.batch_tokens;
-  std::vector<size_t> order(active.size());
-  for (size_t j = 0; j < active.size(); ++j) order[j] = j;
-  const auto decoding = [&](size_t j) { return active[j]->feed.size() - active[j]->fed <= 1; };
-  std::stable_partition(order.begin(), order.end(), decoding);
+  std::vector<size_t> order = prefill_order(active);
   PrefillBudget prefill;
   if (others_waiting(active.size())) prefill.cost_cap = static_cast<size_t>(options_.prefill_chunk);
   for (size_t j : order) {
@@ -801,6 +842,31 @@ Scheduler::BatchPlan Scheduler::plan_batch(const std::vector<std::shared_ptr<Job
     budget -= static_cast<int>(take);
   }
   return plan;
+}
+
+// active's indices: the decoding jobs in arrival order, then the prefilling ones in turn_order,
+// the key after the one that went first last batch going first now.
+std::vector<size_t> Scheduler::prefill_order(const std::vector<std::shared_ptr<Job>>& active) {
+  std::vector<size_t> order;
+  std::vector<size_t> prefilling;
+  std::vector<std::string> keys;  // [prefilling.size()] their owners
+  for (size_t j = 0; j < active.size(); ++j) {
+    if (active[j]->feed.size() - active[j]->fed <= 1) {
+      order.push_back(j);
+    } else {
+      prefilling.push_back(j);
+      keys.push_back(active[j]->owner);
+    }
+  }
+  std::string first;
+  for (size_t i : turn_order(keys, prefill_first_, prefill_turned_, &first)) {
+    order.push_back(prefilling[i]);
+  }
+  if (!prefilling.empty()) {
+    prefill_first_ = first;
+    prefill_turned_ = true;
+  }
+  return order;
 }
 
 // Runs the batch; false when it failed, after failing its jobs (validation happened at

@@ -233,10 +233,11 @@ class Scheduler {
     // What the running step's rewind cut off the history; a step that never runs puts it back.
     std::vector<TokenId> cut_tail;
     int kv_len = 0;  // history[0, kv_len) is in the slot's cache
-    // HistoryHash of history[0, hashed_len): a step's expected_hash costs only what was added
-    // since the last one. Every cut of the history goes through cut_history, which resets it.
-    HistoryHash hash;
-    int hashed_len = 0;
+    // prefix_hashes[i] = HistoryHash of history[0, i), for i <= prefix_hashes.size() - 1 (never
+    // empty: [0] is the empty history's). Filled up lazily by prefix_hash and cut with the
+    // history (cut_history), so an expected_hash check at any position costs only the tokens
+    // added since the last check, never a rehash from 0 under the lock. 8 bytes a token.
+    std::vector<uint64_t> prefix_hashes{HistoryHash::kOffset};
     bool busy = false;
     std::shared_ptr<Job> running;  // the step that holds the session (busy), queued or running
     int waiting = 0;               // its steps in waiting_
@@ -248,6 +249,7 @@ class Scheduler {
     std::vector<TokenId> cached;  // tokens in the slot's cache
     bool busy = false;
     Clock::time_point last_used = Clock::now();
+    std::string owner = {};  // the key of its job while busy (fair admission)
   };
 
   void engine_loop();
@@ -256,6 +258,11 @@ class Scheduler {
   // (Ended: client gone, session lost, no room), or stays queued (Wait: stateless slots busy).
   enum class Admission { Admitted, Ended, Wait };
   Admission admit_one_locked(Job& job, uint64_t cap_tokens);
+  void admit_stateless_locked(std::vector<std::shared_ptr<Job>>& active, uint64_t cap_tokens);
+  // The key whose job took a stateless slot last (fair_share.h least_served's turn).
+  std::string stateless_last_key_;
+  bool stateless_served_ = false;
+  void admit_at_locked(size_t& i, Admission admission, std::vector<std::shared_ptr<Job>>& active);
   // admit_locked's steps for one queued job. A session's step gets KV room in its own slot
   // (false: no room; its history is already put back). A stateless request gets the free slot
   // whose cache shares the longest prefix with its tokens, and KV room there.
@@ -279,11 +286,10 @@ class Scheduler {
   // StepBegun and queues it. take_queue_place_locked holds a place for the job in the queue
   // and its owner's quota, or says why not.
   StepRefusal check_step_locked(Session& s, const StepStart& step);
-  // HistoryHash of s.history[0, n); cut_history shortens the history (and forgets the hash of
-  // what it cut).
+  // HistoryHash of s.history[0, n); cut_history shortens the history (and drops the prefix
+  // hashes past it).
   static uint64_t prefix_hash(Session& s, int n);
   static void cut_history(Session& s, int n);
-  static void forget_hash_past(Session& s, int n);
   void run_step_locked(Session& s, const std::shared_ptr<Job>& job);
   bool take_queue_place_locked(Job& job, SubmitRefusal* why);
   size_t queued_locked() const { return pending_.size() + active_count_ + waiting_.size(); }
@@ -311,6 +317,11 @@ class Scheduler {
   struct BatchPlan;
   void finish_unfed_jobs(std::vector<std::shared_ptr<Job>>& active);
   BatchPlan plan_batch(const std::vector<std::shared_ptr<Job>>& active);
+  std::vector<size_t> prefill_order(const std::vector<std::shared_ptr<Job>>& active);
+  // The key whose prefilling jobs went first in the last batch with prefill (engine thread):
+  // the next batch starts with the key after it by name (fair_share.h turn_order).
+  std::string prefill_first_;
+  bool prefill_turned_ = false;
   bool decode_or_fail(std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan);
   void note_cached_tokens(const std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan);
   void deliver_batch(std::vector<std::shared_ptr<Job>>& active, const BatchPlan& plan);
