@@ -30,7 +30,6 @@ namespace {
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-constexpr const char* kSessions = protocol::kSessionsPath;
 // A session's answer lists at most this many end-of-generation ids.
 constexpr size_t kMaxEogTokens = 4096;
 // Connections for chained steps: a sync and two consultations in flight at once, which is what
@@ -83,8 +82,8 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   void close() noexcept override {
     if (session_.empty()) return;
     try {
-      http_.request("DELETE", kSessions + ("/" + session_), "", milliseconds(1000),
-                    cloud::kAnswerFixedBytes);
+      http_.request("DELETE", std::string(protocol::kSessionPrefix) + session_, "",
+                    milliseconds(1000), cloud::kAnswerFixedBytes);
     } catch (...) {
     }
     drop_session();
@@ -164,9 +163,10 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   std::optional<CloudStepResult> run_chained(int lane, const ChainedStep& step) override {
     return cloud::only_cloud_errors("cloud step", [&]() -> std::optional<CloudStepResult> {
       const std::string what = "cloud step at position " + std::to_string(step.from);
-      const net::HttpResponse r = cloud::fetch(*lanes_.at(static_cast<size_t>(lane)), "POST",
-                                               kSessions + ("/" + step.session + "/step"),
-                                               step.body, options_.timeout_s, step_cap(step.op));
+      const net::HttpResponse r =
+          cloud::fetch(*lanes_.at(static_cast<size_t>(lane)), "POST",
+                       std::string(protocol::kSessionPrefix) + step.session + protocol::kStep,
+                       step.body, options_.timeout_s, step_cap(step.op));
       if (r.status == 409 || r.status == 410) return std::nullopt;
       if (r.status != 200) throw cloud::status_error(r, what);
       CloudStepResult out = parse_step(r, what, step.op, step.history.size());
@@ -212,7 +212,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       const std::string what = "cloud step at position " + std::to_string(from);
       net::HttpResponse r;
       try {
-        r = send("POST", kSessions + ("/" + session_ + "/step"),
+        r = send("POST", std::string(protocol::kSessionPrefix) + session_ + protocol::kStep,
                  step_body(history, op, mirror_.size(), rewind_pending_).dump(), step_cap(op));
       } catch (const CloudError&) {
         // Unknown outcome: the server applied all of the step or none of it.
@@ -411,8 +411,8 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   void open_session() {
     drop_session();
     const cloud::AnswerCap cap = session_cap();
-    const net::HttpResponse r =
-        send("POST", kSessions, json{{protocol::kProtocol, protocol::kVersion}}.dump(), cap);
+    const net::HttpResponse r = send("POST", protocol::kSessionsPath,
+                                     json{{protocol::kProtocol, protocol::kVersion}}.dump(), cap);
     const std::string what = "creating a cloud session at " + http_.url().origin();
     if (r.status != 201 && r.status != 200) throw cloud::status_error(r, what);
     const json j = cloud::parse_answer(r, what, cap);

@@ -9,7 +9,10 @@ namespace tandem::protocol {
 inline constexpr int kVersion = 1;  // the "protocol" a session is created with
 
 inline constexpr char kInfoPath[] = "/tandem/v1/info";
-inline constexpr char kSessionsPath[] = "/tandem/v1/sessions";  // + "/{id}", "/{id}/step", ...
+inline constexpr char kSessionsPath[] = "/tandem/v1/sessions";
+inline constexpr char kSessionPrefix[] = "/tandem/v1/sessions/";  // + id [+ kStep | kCancel]
+inline constexpr char kStep[] = "/step";
+inline constexpr char kCancel[] = "/cancel";
 
 // Additions to protocol 1 a server lists under "features" and a client uses only when listed.
 inline constexpr char kFeatureRewind[] = "rewind";             // a step's rewind_to

@@ -469,14 +469,15 @@ std::string route_label(const std::string& path) {
                                 "/tokenize",
                                 "/detokenize",
                                 "/props",
-                                "/tandem/v1/info",
-                                "/tandem/v1/sessions"};
+                                protocol::kInfoPath,
+                                protocol::kSessionsPath};
   for (const char* k : known) {
     if (path == k) return k;
   }
-  if (path.rfind("/tandem/v1/sessions/", 0) == 0) {
-    for (const char* action : {"/step", "/cancel"}) {
-      if (path.size() > 20 + std::strlen(action) && path.ends_with(action))
+  if (path.rfind(protocol::kSessionPrefix, 0) == 0) {
+    for (const char* action : {protocol::kStep, protocol::kCancel}) {
+      if (path.size() > std::strlen(protocol::kSessionPrefix) + std::strlen(action) &&
+          path.ends_with(action))
         return std::string("/tandem/v1/sessions/{id}") + action;
     }
     return "/tandem/v1/sessions/{id}";
@@ -509,8 +510,8 @@ void Api::Impl::route(const HttpRequest& req, const std::shared_ptr<CountingResp
   }
   if (p == "/v1/models" && get) return m.models(*res);
   if (p == "/props" && get) return m.props(*res);
-  if (p == "/tandem/v1/info" && get) return m.info(*res);
-  if (p == "/tandem/v1/sessions" && get) return m.list(*res, who);
+  if (p == protocol::kInfoPath && get) return m.info(*res);
+  if (p == protocol::kSessionsPath && get) return m.list(*res, who);
   if (p == "/tokenize" && post) {
     return m.offload(req, res,
                      [&m](const HttpRequest& r, ResponderPtr out) { m.tokenize(r, *out); });
@@ -519,10 +520,9 @@ void Api::Impl::route(const HttpRequest& req, const std::shared_ptr<CountingResp
     return m.offload(req, res,
                      [&m](const HttpRequest& r, ResponderPtr out) { m.detokenize(r, *out); });
   }
-  const std::string prefix = "/tandem/v1/sessions/";
-  if (p.rfind(prefix, 0) == 0) return m.route_session(req, res, who, draining);
+  if (p.rfind(protocol::kSessionPrefix, 0) == 0) return m.route_session(req, res, who, draining);
   if (draining && post) throw ApiError(503, "unavailable", "the server is shutting down");
-  if (p == "/tandem/v1/sessions" && post) return m.create(req, *res, who);
+  if (p == protocol::kSessionsPath && post) return m.create(req, *res, who);
   if (post) {
     static const std::pair<const char*, Dialect> kCompletions[] = {
         {"/v1/completions", Dialect::OpenAiText},
@@ -546,9 +546,9 @@ void Api::Impl::route(const HttpRequest& req, const std::shared_ptr<CountingResp
 void Api::Impl::route_session(const HttpRequest& req, const std::shared_ptr<CountingResponder>& res,
                               const Credential& who, bool draining) {
   const std::string& p = req.path;
-  std::string id = p.substr(std::strlen("/tandem/v1/sessions/"));
+  std::string id = p.substr(std::strlen(protocol::kSessionPrefix));
   std::string action;
-  for (const char* a : {"/step", "/cancel"}) {
+  for (const char* a : {protocol::kStep, protocol::kCancel}) {
     if (id.size() > std::strlen(a) && id.ends_with(a)) {
       action = a;
       id.resize(id.size() - action.size());
@@ -556,17 +556,17 @@ void Api::Impl::route_session(const HttpRequest& req, const std::shared_ptr<Coun
     }
   }
   const bool post = req.method == "POST";
-  if (draining && post && action != "/cancel") {
+  if (draining && post && action != protocol::kCancel) {
     throw ApiError(503, "unavailable", "the server is shutting down");
   }
   if (id.empty() || id.size() > 64 || id.find('/') != std::string::npos) {
     throw ApiError(404, "not_found", "no such path: " + p);
   }
-  if (action == "/step" && post) {
+  if (action == protocol::kStep && post) {
     res->set_model_request();
     return step(id, req, res, who);
   }
-  if (action == "/cancel" && post) return cancel(id, req, *res, who);
+  if (action == protocol::kCancel && post) return cancel(id, req, *res, who);
   if (action.empty() && req.method == "DELETE") return close(id, *res, who);
   throw ApiError(405, "bad_method", req.method + " is not allowed on " + p);
 }

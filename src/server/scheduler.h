@@ -164,6 +164,11 @@ struct CreateResult {
 // Why submit refused a job.
 enum class SubmitRefusal { None, Draining, QueueFull, KeyQuota };
 
+// Seconds since `last_used` (a session's idle time).
+inline double idle_seconds(Clock::time_point last_used, Clock::time_point now) {
+  return std::chrono::duration<double>(now - last_used).count();
+}
+
 class Scheduler {
  public:
   Scheduler(const Model& model, const SchedulerOptions& options, Metrics& metrics);
