@@ -66,8 +66,9 @@ T load_le(const uint8_t* p) {
 template <class T>
 void set_integer(const uint8_t* p, GgufValue& v) {
   const T x = load_le<T>(p);
-  v.u64 = static_cast<uint64_t>(x);
-  v.i64 = static_cast<int64_t>(x);
+  // A signed T sign-extends on purpose (int8 -1 is u64 0xffff...): the views say the same bits.
+  v.u64 = static_cast<uint64_t>(x);  // NOLINT(bugprone-signed-char-misuse)
+  v.i64 = static_cast<int64_t>(x);   // NOLINT(bugprone-signed-char-misuse)
 }
 
 // One scalar of type t at p (scalar_size(t) bytes, already bounds-checked by the caller).

@@ -238,7 +238,8 @@ void detect_special_texts(TokenizerImpl& v) {
   detect_special(v, v.eot,
                  {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
                   "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
-                  "<\xEF\xBD\x9C"
+                  // One literal in two: "\x9Cend" would read \x9Ce as one escape.
+                  "<\xEF\xBD\x9C"  // NOLINT(bugprone-suspicious-missing-comma)
                   "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
                   "<end_of_utterance>"});
   detect_special(v, v.eom, {"<|eom_id|>"});
