@@ -10,6 +10,9 @@
 #              is read against its realised share                       -> $OUT/choose-csqa
 #     csqa     CommonsenseQA dev, all 1,221 items: local, cloud, route at $RATES for the shipped
 #              router and for $POLICIES                                  -> $OUT/csqa-dev
+#     arc-challenge, arc-easy
+#              the ARC dev files, all items, the same runs as csqa (the router trained on
+#              CommonsenseQA train, applied as it ships)                -> $OUT/TASK-dev
 # Env: TANDEM_BUILD (default build), OUT (default eval-out/qwen), THREADS (default 2; the cloud
 # gets the same), RATES (default 0.07), POLICIES (default confidence), MODES (csqa; default
 # local,cloud,route: a run already in the out folder is kept, so the stage may be split).
@@ -52,6 +55,10 @@ for stage in "${STAGES[@]}"; do
       ;;
     csqa)
       qwen_eval csqa "$OUT/csqa-dev" --modes "$MODES" --policy "$POLICIES" \
+        --rates "$RATES" --router "$ROUTER@$RATES"
+      ;;
+    arc-challenge | arc-easy)
+      qwen_eval "$stage" "$OUT/$stage-dev" --modes "$MODES" --policy "$POLICIES" \
         --rates "$RATES" --router "$ROUTER@$RATES"
       ;;
     *)

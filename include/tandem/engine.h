@@ -30,19 +30,6 @@ namespace tandem {
 
 using TokenId = int32_t;
 
-class Tokenizer;
-class StreamDecoder;
-class GgufFile;
-struct ModelConfig;
-struct ModelWeights;
-class KvCache;
-class Forward;
-class ThreadPool;
-struct ForwardOutputs;
-namespace kernels {
-class PackedWeights;
-}
-
 // Summary of a loaded model, for callers that do not need the internals.
 struct ModelInfo {
   std::string arch;  // "llama", "qwen2", "qwen3", "gemma3"
@@ -114,21 +101,15 @@ class Model {
   // receives only these tokens. Throws tandem::Error as chat_prompt does.
   std::string chat_continuation(const std::string& user) const;
 
-  // Internals, for the layers inside the engine (src/); the text API above is the public one.
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const ModelConfig& config() const { return *config_; }
-  const ModelWeights& weights() const { return *weights_; }
-  const GgufFile& file() const { return *file_; }
+  // The file, configuration, weights and tokenizer behind this API are the engine's own: the
+  // layers inside src/ reach them through runtime/model_internals.h, callers never.
+  struct Parts;
+  friend struct ModelInternals;
 
  private:
   Model();
   ModelInfo info_;
-  std::unique_ptr<GgufFile> file_;
-  std::unique_ptr<ModelConfig> config_;
-  std::unique_ptr<ModelWeights> weights_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  std::vector<std::vector<float>> owned_;  // f32 copies when dequantize_to_f32
-  std::vector<std::unique_ptr<kernels::PackedWeights>> packed_;  // when repack
+  std::unique_ptr<Parts> parts_;
 };
 
 // Generated tokens to text as they come: push returns only complete UTF-8 characters and holds
@@ -145,7 +126,8 @@ class TextStream {
   std::string flush();
 
  private:
-  std::unique_ptr<StreamDecoder> decoder_;
+  struct Decoder;  // the tokenizer's streaming decoder
+  std::unique_ptr<Decoder> decoder_;
 };
 
 // Element type of the KV cache's keys or values (llama.cpp's --cache-type-k/-v). F16 halves
@@ -204,13 +186,11 @@ class Context {
   void set_layer_probe(std::function<void(int layer, const float* x, int n_tokens)> probe);
 
  private:
+  struct Engine;  // the thread pool, KV cache, forward pass and its outputs (src/runtime)
   const Model& model_;
   int n_ctx_ = 0;
   int n_seq_ = 1;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<Forward> forward_;
-  std::unique_ptr<ForwardOutputs> out_;
+  std::unique_ptr<Engine> engine_;
   std::vector<int32_t> out_row_;  // batch index -> output row, -1 if none
   std::vector<uint8_t> out_has_logits_;
   std::function<void(int, const float*, int)> probe_;

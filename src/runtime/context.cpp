@@ -6,12 +6,20 @@
 #include "model/kv_cache.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
+#include "runtime/model_internals.h"
 #include "tandem/engine.h"
 
 namespace tandem {
 
+struct Context::Engine {
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<Forward> forward;
+  std::unique_ptr<ForwardOutputs> out;
+};
+
 Context::Context(const Model& model, const ContextParams& params) : model_(model) {
-  const ModelConfig& c = model.config();
+  const ModelConfig& c = ModelInternals::config(model);
   n_ctx_ = params.n_ctx > 0 ? params.n_ctx : std::min(c.n_ctx_train, 4096);
   if (n_ctx_ <= 0 || n_ctx_ > (1 << 20)) {
     throw Error("context size " + std::to_string(params.n_ctx) + " is out of range 1..1048576");
@@ -21,14 +29,16 @@ Context::Context(const Model& model, const ContextParams& params) : model_(model
   }
   n_seq_ = params.n_seq;
   const int threads = params.n_threads > 0 ? params.n_threads : default_thread_count();
-  pool_ = std::make_unique<ThreadPool>(threads);
+  engine_ = std::make_unique<Engine>();
+  engine_->pool = std::make_unique<ThreadPool>(threads);
   const auto tensor_type = [](KvCacheType t) {
     return t == KvCacheType::F16 ? TensorType::F16 : TensorType::F32;
   };
-  cache_ = std::make_unique<KvCache>(c.n_layer, n_seq_, n_ctx_, c.kv_dim(), c.v_dim(),
-                                     tensor_type(params.type_k), tensor_type(params.type_v));
-  forward_ = std::make_unique<Forward>(c, model.weights(), *pool_);
-  out_ = std::make_unique<ForwardOutputs>();
+  engine_->cache =
+      std::make_unique<KvCache>(c.n_layer, n_seq_, n_ctx_, c.kv_dim(), c.v_dim(),
+                                tensor_type(params.type_k), tensor_type(params.type_v));
+  engine_->forward = std::make_unique<Forward>(c, ModelInternals::weights(model), *engine_->pool);
+  engine_->out = std::make_unique<ForwardOutputs>();
 }
 
 Context::~Context() = default;
@@ -44,27 +54,27 @@ KvCacheType parse_kv_cache_type(const std::string& name) {
 }
 
 KvCacheType Context::type_k() const {
-  return cache_->key_type() == TensorType::F16 ? KvCacheType::F16 : KvCacheType::F32;
+  return engine_->cache->key_type() == TensorType::F16 ? KvCacheType::F16 : KvCacheType::F32;
 }
 
 KvCacheType Context::type_v() const {
-  return cache_->value_type() == TensorType::F16 ? KvCacheType::F16 : KvCacheType::F32;
+  return engine_->cache->value_type() == TensorType::F16 ? KvCacheType::F16 : KvCacheType::F32;
 }
 
 size_t Context::kv_bytes_per_position() const {
-  return cache_->bytes_per_position();
+  return engine_->cache->bytes_per_position();
 }
 
 int Context::n_threads() const {
-  return pool_->size();
+  return engine_->pool->size();
 }
 
 void Context::decode(std::span<const BatchToken> batch) {
   if (batch.empty()) throw Error("decode: the batch is empty");
-  const int n_vocab = model_.config().n_vocab;
+  const int n_vocab = ModelInternals::config(model_).n_vocab;
   // Validate everything before touching the cache, so a bad batch changes nothing.
   std::vector<int> next(n_seq_);
-  for (int s = 0; s < n_seq_; ++s) next[s] = cache_->length(s);
+  for (int s = 0; s < n_seq_; ++s) next[s] = engine_->cache->length(s);
   for (size_t i = 0; i < batch.size(); ++i) {
     const BatchToken& t = batch[i];
     if (t.token < 0 || t.token >= n_vocab) {
@@ -89,12 +99,12 @@ void Context::decode(std::span<const BatchToken> batch) {
     ++next[t.seq];
   }
   LayerProbe probe = probe_;
-  forward_->run(batch, *cache_, *out_, probe ? &probe : nullptr);
+  engine_->forward->run(batch, *engine_->cache, *engine_->out, probe ? &probe : nullptr);
   out_row_.assign(batch.size(), -1);
   out_has_logits_.assign(batch.size(), 0);
-  for (size_t r = 0; r < out_->out_index.size(); ++r) {
-    out_row_[out_->out_index[r]] = static_cast<int32_t>(r);
-    out_has_logits_[out_->out_index[r]] = batch[out_->out_index[r]].want_logits;
+  for (size_t r = 0; r < engine_->out->out_index.size(); ++r) {
+    out_row_[engine_->out->out_index[r]] = static_cast<int32_t>(r);
+    out_has_logits_[engine_->out->out_index[r]] = batch[engine_->out->out_index[r]].want_logits;
   }
 }
 
@@ -103,8 +113,8 @@ std::span<const float> Context::logits(int i) const {
     throw Error("logits: batch index " + std::to_string(i) +
                 " did not ask for logits in the last decode");
   }
-  const size_t V = model_.config().n_vocab;
-  return {out_->logits.data() + out_row_[i] * V, V};
+  const size_t V = ModelInternals::config(model_).n_vocab;
+  return {engine_->out->logits.data() + out_row_[i] * V, V};
 }
 
 std::span<const float> Context::hidden(int i) const {
@@ -112,24 +122,24 @@ std::span<const float> Context::hidden(int i) const {
     throw Error("hidden: batch index " + std::to_string(i) +
                 " asked for neither logits nor hidden state in the last decode");
   }
-  const size_t D = model_.config().n_embd;
-  return {out_->hidden.data() + out_row_[i] * D, D};
+  const size_t D = ModelInternals::config(model_).n_embd;
+  return {engine_->out->hidden.data() + out_row_[i] * D, D};
 }
 
 int Context::seq_length(int seq) const {
   if (seq < 0 || seq >= n_seq_) throw Error("sequence " + std::to_string(seq) + " out of range");
-  return cache_->length(seq);
+  return engine_->cache->length(seq);
 }
 
 void Context::truncate(int seq, int n_keep) {
   if (seq < 0 || seq >= n_seq_) throw Error("sequence " + std::to_string(seq) + " out of range");
   if (n_keep < 0) throw Error("truncate: negative length " + std::to_string(n_keep));
-  cache_->set_length(seq, std::min(n_keep, cache_->length(seq)));
+  engine_->cache->set_length(seq, std::min(n_keep, engine_->cache->length(seq)));
 }
 
 void Context::release(int seq) {
   if (seq < 0 || seq >= n_seq_) throw Error("sequence " + std::to_string(seq) + " out of range");
-  cache_->release(seq);
+  engine_->cache->release(seq);
 }
 
 void Context::set_layer_probe(std::function<void(int, const float*, int)> probe) {

@@ -1,6 +1,7 @@
 #include <chrono>
 
 #include "common/error.h"
+#include "runtime/model_internals.h"
 #include "tandem/engine.h"
 #include "tokenizer/tokenizer.h"
 
@@ -10,7 +11,7 @@ GenerateResult generate(Context& ctx, std::span<const TokenId> prompt, int n_pre
                         Sampler& sampler, const std::function<bool(std::string_view)>& on_text,
                         int seq) {
   using Clock = std::chrono::steady_clock;
-  const Tokenizer& tok = ctx.model().tokenizer();
+  const Tokenizer& tok = ModelInternals::tokenizer(ctx.model());
   GenerateResult res;
   res.n_prompt = static_cast<int>(prompt.size());
   if (prompt.empty()) throw Error("generate: the prompt is empty (no tokens to start from)");

@@ -3,6 +3,7 @@
 // listing sessions), and what every protocol shares: the answers (JSON, SSE, errors), the CPU
 // workers and log-probabilities. The protocols live beside it (api_internal.h lists the files).
 #include "server/api.h"
+#include "runtime/model_internals.h"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -212,7 +213,7 @@ Api::Impl::Impl(Scheduler& s, Metrics& m, const ApiOptions& o)
       metrics(m),
       options(o),
       model(s.model()),
-      tok(s.model().tokenizer()),
+      tok(ModelInternals::tokenizer(s.model())),
       vocab_hash(tok.fingerprint_hex()) {
   const ModelInfo& info = model.info();
   model_json = {{"name", options.model_name}, {"arch", info.arch}, {"n_vocab", info.n_vocab},

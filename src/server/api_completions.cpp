@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "runtime/model_internals.h"
 #include "server/api_internal.h"
 #include "server/completion_request.h"
 #include "server/random_id.h"
@@ -24,7 +25,7 @@ class CompletionJob : public Job {
  public:
   CompletionJob(const Model& model, Metrics& metrics, std::shared_ptr<Responder> res,
                 CompletionRequest req, int n_ctx)
-      : tok_(model.tokenizer()),
+      : tok_(ModelInternals::tokenizer(model)),
         metrics_(metrics),
         res_(std::move(res)),
         req_(std::move(req)),

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "net/native_protocol.h"
+#include "runtime/model_internals.h"
 #include "server/api_internal.h"
 
 namespace tandem::server {
@@ -185,7 +186,7 @@ class StepJob : public Job {
       logprobs_.push_back(static_cast<float>(logits[t] - st.log_z));
       if (req_.top_n > 0) tops_.push_back(top_n(logits, req_.top_n, st.log_z));
       ++pos_;
-      if (sched_.model().tokenizer().is_eog(t)) stop_ = "eog";
+      if (ModelInternals::tokenizer(sched_.model()).is_eog(t)) stop_ = "eog";
       return;
     }
     // Verify: row k (0 = the last history token, k = draft k-1) predicts draft k.
@@ -228,7 +229,7 @@ class StepJob : public Job {
       if (!sched_.session_append(*this, tokens_)) return false;  // cancelled: answered 409
       pos_ += static_cast<int>(tokens_.size());
       metrics_.accepted_drafts += acc;
-      if (sched_.model().tokenizer().is_eog(tokens_.back())) stop_ = "eog";
+      if (ModelInternals::tokenizer(sched_.model()).is_eog(tokens_.back())) stop_ = "eog";
     }
     return false;
   }

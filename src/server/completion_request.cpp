@@ -1,5 +1,6 @@
 // Reading a stateless completion request (server/completion_request.h).
 #include "server/completion_request.h"
+#include "runtime/model_internals.h"
 
 #include <algorithm>
 
@@ -81,7 +82,7 @@ std::vector<ChatMessage> read_messages(const json& j, size_t max_text_bytes) {
 void read_openai_chat(const json& j, const ReadContext& c, CompletionRequest& r) {
   const ApiOptions& o = c.options;
   const std::vector<ChatMessage> chat = read_messages(j, o.max_text_bytes);
-  const std::string prompt = apply_chat_template(c.model.file(), chat, true);
+  const std::string prompt = apply_chat_template(ModelInternals::file(c.model), chat, true);
   r.prompt = c.tok.encode(prompt, true, true);
   const int64_t mt = get_int(j, "max_completion_tokens", -1, -1, o.max_generate);
   r.max_tokens = static_cast<int>(mt >= 0 ? mt : get_int(j, "max_tokens", 256, 0, o.max_generate));

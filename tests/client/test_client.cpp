@@ -27,6 +27,7 @@
 #include "net/http_client.h"
 #include "router/router_file.h"
 #include "router/train.h"
+#include "runtime/model_internals.h"
 #include "tandem/client.h"
 #include "tandem/delay_proxy.h"
 #include "tandem/router_mlp.h"
@@ -326,7 +327,7 @@ class EdgeCloudTest : public ::testing::Test {
   static void SetUpTestSuite() {
     cloud_model_ = Model::load(cloud_model_path()).release();
     edge_model_ = Model::load(edge_model_path()).release();
-    prompt_ = edge_model_->tokenizer().encode("The quick brown fox", true, false);
+    prompt_ = ModelInternals::tokenizer(*edge_model_).encode("The quick brown fox", true, false);
     cloud_greedy_ = greedy(*cloud_model_, prompt_, kN);
     edge_greedy_ = greedy(*edge_model_, prompt_, kN);
   }
@@ -392,10 +393,10 @@ TEST(Signal, FromLogits) {
 
 TEST(VocabHash, SixteenLowercaseHexDigitsOfTheFingerprint) {
   auto model = Model::load(testdata_path("models/synth-llama-Q8_0.gguf"));
-  const std::string hex = model->tokenizer().fingerprint_hex();
+  const std::string hex = ModelInternals::tokenizer(*model).fingerprint_hex();
   ASSERT_EQ(hex.size(), 16u);
   EXPECT_EQ(hex.find_first_not_of("0123456789abcdef"), std::string::npos) << hex;
-  EXPECT_EQ(std::stoull(hex, nullptr, 16), model->tokenizer().fingerprint());
+  EXPECT_EQ(std::stoull(hex, nullptr, 16), ModelInternals::tokenizer(*model).fingerprint());
 }
 
 TEST(CloudApi, UnknownApiIsNamed) {
@@ -416,7 +417,7 @@ TEST(CloudApi, UnknownApiIsNamed) {
 
 void expect_local_equals_generate(const std::string& path, int n) {
   auto model = Model::load(path);
-  const auto prompt = model->tokenizer().encode("Once upon a time", true, false);
+  const auto prompt = ModelInternals::tokenizer(*model).encode("Once upon a time", true, false);
   const auto want = greedy(*model, prompt, n);
   EdgeOptions o = edge_options(EdgeMode::Local);
   EdgeDecoder edge(*model, o);
@@ -446,7 +447,7 @@ TEST(LocalMode, EqualsGenerateOnTheRealModel) {
 
 TEST(LocalMode, SampledEqualsGenerateWithTheSameSeed) {
   auto model = Model::load(edge_model_path());
-  const auto prompt = model->tokenizer().encode("Hello", true, false);
+  const auto prompt = ModelInternals::tokenizer(*model).encode("Hello", true, false);
   SamplingParams sp;
   sp.temp = 0.9f;
   sp.seed = 1234;
@@ -461,7 +462,7 @@ TEST(LocalMode, SampledEqualsGenerateWithTheSameSeed) {
 
 TEST(RouteMode, WithoutACloudDecodesLocallyAndCountsFallbacks) {
   auto model = Model::load(edge_model_path());
-  const auto prompt = model->tokenizer().encode("Hello", true, false);
+  const auto prompt = ModelInternals::tokenizer(*model).encode("Hello", true, false);
   const auto want = greedy(*model, prompt, 24);
   EdgeOptions o = edge_options(EdgeMode::Route, "always");
   o.signal_hidden = true;  // the hidden state rides along without changing anything
@@ -650,7 +651,7 @@ TEST_F(EdgeCloudTest, MultiTurnKeepsTheCloudSession) {
   edge.start();
   const EdgeResult first = edge.generate(prompt_, 16);
   std::vector<TokenId> next = edge.history();
-  const auto more = edge_model_->tokenizer().encode(" and then", false, false);
+  const auto more = ModelInternals::tokenizer(*edge_model_).encode(" and then", false, false);
   next.insert(next.end(), more.begin(), more.end());
   const EdgeResult second = edge.generate(next, 16);
   EXPECT_EQ(second.stats.tokens, 16);
@@ -768,8 +769,8 @@ TEST_F(EdgeCloudTest, CloudBackAfterAnOutageResumesRouting) {
 }
 
 TEST_F(EdgeCloudTest, ShutdownDoesNotWaitForAHungCloud) {
-  const std::string hash = edge_model_->tokenizer().fingerprint_hex();
-  BadCloud silent(BadCloud::Mode::Silent, hash, edge_model_->tokenizer().n_vocab());
+  const std::string hash = ModelInternals::tokenizer(*edge_model_).fingerprint_hex();
+  BadCloud silent(BadCloud::Mode::Silent, hash, ModelInternals::tokenizer(*edge_model_).n_vocab());
   std::chrono::steady_clock::time_point t0;
   {
     EdgeOptions o = edge_options(EdgeMode::Route, "never");
@@ -790,8 +791,9 @@ TEST_F(EdgeCloudTest, ShutdownDoesNotWaitForAHungCloud) {
 }
 
 TEST_F(EdgeCloudTest, PositionMismatchIsResentFromTheServersPosition) {
-  BadCloud cloud(BadCloud::Mode::Conflict, edge_model_->tokenizer().fingerprint_hex(),
-                 edge_model_->tokenizer().n_vocab());
+  BadCloud cloud(BadCloud::Mode::Conflict,
+                 ModelInternals::tokenizer(*edge_model_).fingerprint_hex(),
+                 ModelInternals::tokenizer(*edge_model_).n_vocab());
   auto b = backend(cloud.url());
   b->connect();
   std::vector<TokenId> history = prompt_;
@@ -818,8 +820,9 @@ TEST_F(EdgeCloudTest, PositionMismatchIsResentFromTheServersPosition) {
 // docs/protocol.md); one refused with 409 history_mismatch (the session holds other tokens of
 // that length) is sent again as the whole history from position 0, cutting the session there.
 TEST_F(EdgeCloudTest, HistoryMismatchResendsTheWholeHistoryFromZero) {
-  BadCloud cloud(BadCloud::Mode::HistoryConflict, edge_model_->tokenizer().fingerprint_hex(),
-                 edge_model_->tokenizer().n_vocab());
+  BadCloud cloud(BadCloud::Mode::HistoryConflict,
+                 ModelInternals::tokenizer(*edge_model_).fingerprint_hex(),
+                 ModelInternals::tokenizer(*edge_model_).n_vocab());
   auto b = backend(cloud.url());
   b->connect();
   std::vector<TokenId> history = prompt_;
@@ -848,7 +851,7 @@ TEST_F(EdgeCloudTest, OtherVocabularyIsRefusedNamingBoth) {
   BadCloud other(BadCloud::Mode::Garbage, "0123456789abcdef", 262144);
   EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route), backend(other.url()));
   expect_vocabulary_refused(edge, "synth-llama-Q4_K_M.gguf", "'bad'",
-                            edge_model_->tokenizer().fingerprint_hex());
+                            ModelInternals::tokenizer(*edge_model_).fingerprint_hex());
   EXPECT_EQ(other.steps(), 0);
 }
 
@@ -866,7 +869,8 @@ TEST(RealModel, RouteAndSpeculativeEqualTheCloudsGreedyOutput) {
   const std::string path = real_model_path();
   if (path.empty()) GTEST_SKIP() << "no real model (set TANDEM_MODEL)";
   auto model = Model::load(path);
-  const auto prompt = model->tokenizer().encode("The capital of France is", true, false);
+  const auto prompt =
+      ModelInternals::tokenizer(*model).encode("The capital of France is", true, false);
   const auto want = greedy(*model, prompt, 16);
   ServeProcess serve(path);
   serve.start();
@@ -940,7 +944,8 @@ TEST(OneRouterLoader, DeviceAndReplayTakeTheSameDecisions) {
   EXPECT_FALSE(device.router.prior_scores.empty()) << "the window starts from the calibration";
   EdgeDecoder dec(*edge, device, make_cloud_backend(c, *edge));
   dec.start();
-  const auto prompt = edge->tokenizer().encode("Once upon a time there was", true, false);
+  const auto prompt =
+      ModelInternals::tokenizer(*edge).encode("Once upon a time there was", true, false);
   const EdgeResult r = dec.generate(prompt, 256);
   ASSERT_GE(r.ids.size(), 64u) << "enough decisions to compare";
   EXPECT_EQ(r.stats.fallbacks, 0);
@@ -1013,7 +1018,8 @@ std::vector<std::vector<TokenId>> pipeline_prompts(const Model& model, size_t n)
       "def main():",         "Question: why is the", "Water boils at"};
   std::vector<std::vector<TokenId>> out;
   for (size_t i = 0; i < n; ++i) {
-    out.push_back(model.tokenizer().encode(kTexts[i % std::size(kTexts)], true, false));
+    out.push_back(
+        ModelInternals::tokenizer(model).encode(kTexts[i % std::size(kTexts)], true, false));
   }
   return out;
 }
@@ -1086,7 +1092,7 @@ double median_score(const Model& edge, const std::string& policy,
 // sampling with a fixed seed (the cloud gets the seed too).
 std::vector<std::pair<std::string, EdgeOptions>> pipeline_settings(const Model& edge,
                                                                    const std::string& router) {
-  const auto prompt = edge.tokenizer().encode("The quick brown fox", true, false);
+  const auto prompt = ModelInternals::tokenizer(edge).encode("The quick brown fox", true, false);
   std::vector<std::pair<std::string, EdgeOptions>> out;
   for (const char* policy : {"confidence", "entropy", "margin"}) {
     EdgeOptions o = edge_options(EdgeMode::Route, policy);
@@ -1300,12 +1306,12 @@ TEST_F(EdgeCloudTest, RealModelCloudIsRefusedByASyntheticEdge) {
   serve.start();
   EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route), backend(serve.url()));
   expect_vocabulary_refused(edge, "synth-llama-Q4_K_M.gguf", "gemma-3-270m",
-                            edge_model_->tokenizer().fingerprint_hex());
+                            ModelInternals::tokenizer(*edge_model_).fingerprint_hex());
 }
 
 TEST_F(EdgeCloudTest, MisbehavingCloudFallsBackWithoutCuttingTheAnswer) {
-  const std::string hash = edge_model_->tokenizer().fingerprint_hex();
-  const int n_vocab = edge_model_->tokenizer().n_vocab();
+  const std::string hash = ModelInternals::tokenizer(*edge_model_).fingerprint_hex();
+  const int n_vocab = ModelInternals::tokenizer(*edge_model_).n_vocab();
   for (auto mode : {BadCloud::Mode::Garbage, BadCloud::Mode::Truncated, BadCloud::Mode::Status500,
                     BadCloud::Mode::Silent}) {
     BadCloud bad(mode, hash, n_vocab);

@@ -25,6 +25,7 @@
 #include "common/run_tandem.h"
 #include "common/testdata.h"
 #include "net/http_client.h"
+#include "runtime/model_internals.h"
 #include "tandem/client.h"
 #include "tandem/cloud_rows.h"
 #include "tokenizer/tokenizer.h"
@@ -279,13 +280,14 @@ class HostileCloudTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     edge_ = Model::load(testing::testdata_path("models/synth-llama-Q4_K_M.gguf")).release();
-    prompt_ = edge_->tokenizer().encode("The quick brown fox", true, false);
+    prompt_ = ModelInternals::tokenizer(*edge_).encode("The quick brown fox", true, false);
     Context ctx(*edge_, {.n_ctx = 256, .n_seq = 1, .n_threads = 1});
     SamplingParams sp;
     sp.temp = 0;
     Sampler sampler(sp);
     local_ = generate(ctx, prompt_, kN, sampler).ids;
-    honest_ = new HonestSession(edge_->tokenizer().fingerprint_hex(), edge_->tokenizer().n_vocab());
+    honest_ = new HonestSession(ModelInternals::tokenizer(*edge_).fingerprint_hex(),
+                                ModelInternals::tokenizer(*edge_).n_vocab());
   }
   static void TearDownTestSuite() {
     delete honest_;
@@ -562,7 +564,7 @@ TEST_F(HostileCloudTest, MalformedSessionAnswersFallBack) {
 }
 
 TEST_F(HostileCloudTest, MalformedStepAnswersFallBack) {
-  const int n_vocab = edge_->tokenizer().n_vocab();
+  const int n_vocab = ModelInternals::tokenizer(*edge_).n_vocab();
   struct Case {
     const char* label;
     json patch;
@@ -618,7 +620,7 @@ TEST_F(HostileCloudTest, MalformedStepAnswersFallBack) {
 }
 
 TEST_F(HostileCloudTest, SpeculativeVerifyThatDoesNotAddUpFallsBack) {
-  const int n_vocab = edge_->tokenizer().n_vocab();
+  const int n_vocab = ModelInternals::tokenizer(*edge_).n_vocab();
   // Each verify answer has len(draft) + 1 tokens, none of them the drafts, and a position that
   // counts them: `accepted` out of range, or in range but not matching the tokens. Generate
   // steps (no drafts left) are refused, so every token must be the edge's own.
@@ -696,7 +698,7 @@ TEST_F(HostileCloudTest, BodiesOverTheSizeLimitAreRefused) {
 
 // The stateless APIs read their answers the same way.
 TEST_F(HostileCloudTest, StatelessApisFallBackOnMalformedAnswers) {
-  const int n_vocab = edge_->tokenizer().n_vocab();
+  const int n_vocab = ModelInternals::tokenizer(*edge_).n_vocab();
   struct Case {
     const char* api;
     std::string body;

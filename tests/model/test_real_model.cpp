@@ -11,6 +11,7 @@
 
 #include "common/default_model.h"
 #include "common/testdata.h"
+#include "runtime/model_internals.h"
 #include "tandem/engine.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -35,7 +36,7 @@ class RealModel : public ::testing::Test {
     }
   }
   static std::string greedy(const std::string& prompt, int n, bool parse_special = false) {
-    const auto ids = model_->tokenizer().encode(prompt, true, parse_special);
+    const auto ids = ModelInternals::tokenizer(*model_).encode(prompt, true, parse_special);
     ContextParams cp;
     cp.n_ctx = 512;
     cp.n_threads = 2;
@@ -54,7 +55,7 @@ TEST_F(RealModel, GreedyCapitalOfFrance) {
   // of the country of France." — " Paris" is its third choice, 0.9 logit behind " the" (the
   // exact-f32 computation agrees). So this checks that Paris is among the top candidates, and
   // that the model knows the fact in the other direction and with one example.
-  const Tokenizer& tok = model_->tokenizer();
+  const Tokenizer& tok = ModelInternals::tokenizer(*model_);
   const auto ids = tok.encode("The capital of France is", true, false);
   ContextParams cp;
   cp.n_ctx = 64;
@@ -88,7 +89,7 @@ TEST_F(RealModel, ChatTemplateAnswerIsSensible) {
   std::vector<ChatMessage> msgs = {{"user", "What is the capital of Germany?"},
                                    {"assistant", "The capital of Germany is Berlin."},
                                    {"user", "What is the capital of France?"}};
-  const std::string prompt = apply_chat_template(model_->file(), msgs, true);
+  const std::string prompt = apply_chat_template(ModelInternals::file(*model_), msgs, true);
   EXPECT_NE(prompt.find("<start_of_turn>user\n"), std::string::npos) << prompt;
   EXPECT_TRUE(prompt.ends_with("<start_of_turn>model\n")) << prompt;
   const std::string text = greedy(prompt, 12, /*parse_special=*/true);
@@ -97,7 +98,7 @@ TEST_F(RealModel, ChatTemplateAnswerIsSensible) {
 }
 
 TEST_F(RealModel, TokenizeDetokenizeRoundTripsSharedData) {
-  const Tokenizer& tok = model_->tokenizer();
+  const Tokenizer& tok = ModelInternals::tokenizer(*model_);
   size_t files = 0, bytes = 0;
   for (const auto& e :
        std::filesystem::recursive_directory_iterator(tandem::testing::shared_dir() / "data")) {
@@ -118,8 +119,9 @@ TEST_F(RealModel, TokenizeDetokenizeRoundTripsSharedData) {
 
 TEST_F(RealModel, BatchedSequencesMatchSingleSequence) {
   // Two different prompts decoded together in one batch give the same logits as each alone.
-  const auto a = model_->tokenizer().encode("The quick brown fox", true, false);
-  const auto b = model_->tokenizer().encode("One, two, three, four, five", true, false);
+  const auto a = ModelInternals::tokenizer(*model_).encode("The quick brown fox", true, false);
+  const auto b =
+      ModelInternals::tokenizer(*model_).encode("One, two, three, four, five", true, false);
   ContextParams cp;
   cp.n_ctx = 64;
   cp.n_seq = 2;

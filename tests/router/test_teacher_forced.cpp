@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../common/testdata.h"
+#include "runtime/model_internals.h"
 #include "tandem/engine.h"
 #include "tandem/router_tools.h"
 #include "tokenizer/tokenizer.h"
@@ -34,7 +35,7 @@ std::vector<TokenId> greedy_after(const Model& model, const std::vector<TokenId>
 
 TEST(OutcomeProbe, AnswerModeJudgesTheEdgesTwoGreedyContinuations) {
   const auto edge = Model::load(testdata_path("models/synth-llama-Q4_0.gguf"));
-  const Tokenizer& tok = edge->tokenizer();
+  const Tokenizer& tok = ModelInternals::tokenizer(*edge);
   const std::vector<TokenId> chunk = tok.encode(
       "Question: Tom has 3 apples and buys 4 more. How many?\nAnswer: 3 + 4 = 7 apples. #### 7\n\n",
       true, false);
@@ -79,7 +80,7 @@ TEST(OutcomeProbe, AnswerModeJudgesTheEdgesTwoGreedyContinuations) {
 
 TEST(OutcomeProbe, AnswerModeStopsWhereTheJudgeSaysComplete) {
   const auto edge = Model::load(testdata_path("models/synth-llama-Q4_0.gguf"));
-  const Tokenizer& tok = edge->tokenizer();
+  const Tokenizer& tok = ModelInternals::tokenizer(*edge);
   const std::vector<TokenId> chunk =
       tok.encode("Question: 1 + 1?\nAnswer: 2 #### 2\n\n", true, false);
   const int answer_from = 8, i = 10;

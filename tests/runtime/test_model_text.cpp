@@ -7,6 +7,7 @@
 
 #include "common/testdata.h"
 #include "gguf/gguf.h"
+#include "runtime/model_internals.h"
 #include "tandem/engine.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -16,7 +17,7 @@ namespace {
 
 TEST(ModelText, IsTheTokenizers) {
   const auto model = Model::load(testing::testdata_path("models/synth-gemma3-Q4_K_M.gguf"));
-  const Tokenizer& tok = model->tokenizer();
+  const Tokenizer& tok = ModelInternals::tokenizer(*model);
   EXPECT_EQ(model->vocab_size(), tok.n_vocab());
   EXPECT_LE(model->vocab_size(), model->info().n_vocab);
   EXPECT_EQ(model->info().vocab_hash, tok.fingerprint_hex());
@@ -43,7 +44,8 @@ TEST(ModelText, IsTheTokenizers) {
 
   const std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};
   for (bool prompt : {false, true})
-    EXPECT_EQ(model->chat_prompt(msgs, prompt), apply_chat_template(model->file(), msgs, prompt));
+    EXPECT_EQ(model->chat_prompt(msgs, prompt),
+              apply_chat_template(ModelInternals::file(*model), msgs, prompt));
 }
 
 // A chat continued by one user turn: appending chat_continuation to a rendered conversation whose
@@ -72,7 +74,7 @@ TEST(ModelText, TextStreamIsTheStreamDecoder) {
       model->tokenize("a \xe2\x82\xac and \xf0\x9f\x98\x80 b", false, false);
   for (bool special : {false, true}) {
     TextStream mine(*model, special);
-    StreamDecoder theirs(model->tokenizer(), special);
+    StreamDecoder theirs(ModelInternals::tokenizer(*model), special);
     for (TokenId id : ids) EXPECT_EQ(mine.push(id), theirs.push(id));
     EXPECT_EQ(mine.flush(), theirs.flush());
   }

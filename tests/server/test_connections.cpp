@@ -250,10 +250,15 @@ TEST(Connections, UnreadAnswersStayUnderTheTotal) {
     lazy.back()->send_text(request);
   }
   ASSERT_TRUE(detokenized(honest, 8));
+  // At most two 6 MiB answers fit in the total: each of the other six was refused, or made room
+  // by closing a reader stalled past the grace (on a slow machine the first answers are already
+  // past it while the later ones are built). The last one taken is still held.
   const double queued = metric(honest, "tandem_write_queued_bytes");
-  EXPECT_GE(queued, 2 * (6 << 20)) << "two answers fit and are never read";
+  EXPECT_GE(queued, 6 << 20) << "the answer taken last is held, never read";
   EXPECT_LE(queued, kTotal + 9 * kSmallAnswer);
-  EXPECT_GE(metric(honest, "tandem_answers_refused_total{bound=\"total\"}"), 1);
+  EXPECT_GE(metric(honest, "tandem_answers_refused_total{bound=\"total\"}") +
+                metric(honest, "tandem_evicted_connections_total{why=\"slow_reader\"}"),
+            6);
   std::this_thread::sleep_for(std::chrono::seconds(1));  // the non-readers stall past the grace
   const HttpResult r = honest.post("/detokenize", spaces_request(6 << 20));
   ASSERT_EQ(r.status, 200) << r.body.substr(0, 300);

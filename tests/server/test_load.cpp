@@ -14,6 +14,7 @@
 
 #include "common/testdata.h"
 #include "model/model_config.h"
+#include "runtime/model_internals.h"
 #include "server_harness.h"
 #include "tandem/engine.h"
 
@@ -35,7 +36,7 @@ TEST(ServerLoad, SixtyFourSessionsAndIdleConnections) {
   const double seconds =
       std::getenv("TANDEM_LOAD_SECONDS") ? std::atof(std::getenv("TANDEM_LOAD_SECONDS")) : 12;
   auto model = Model::load(path);
-  const ModelConfig& cfg = model->config();
+  const ModelConfig& cfg = ModelInternals::config(*model);
   const int n_vocab = model->info().n_vocab;
   const uint64_t per_token = static_cast<uint64_t>(cfg.n_layer) * (cfg.kv_dim() + cfg.v_dim()) * 4;
   constexpr int kSessions = 64, kIdle = 256, kMaxHistory = 768;

@@ -14,6 +14,7 @@
 
 #include "common/testdata.h"
 #include "model/model_config.h"
+#include "runtime/model_internals.h"
 #include "server_harness.h"
 #include "tandem/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -40,7 +41,7 @@ std::vector<TokenId> local_greedy(const std::string& path, const std::vector<Tok
 
 std::vector<TokenId> prompt_ids(const std::string& path, const std::string& text) {
   auto model = Model::load(path);
-  return model->tokenizer().encode(text, true, false);
+  return ModelInternals::tokenizer(*model).encode(text, true, false);
 }
 
 std::string new_session(TestClient& c) {
@@ -91,7 +92,7 @@ TEST(Server, InfoCarriesTheModelFingerprint) {
   auto model = Model::load(path);
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx",
-                static_cast<unsigned long long>(model->tokenizer().fingerprint()));
+                static_cast<unsigned long long>(ModelInternals::tokenizer(*model).fingerprint()));
   EXPECT_EQ(r.j()["model"]["vocab_hash"], hash);
   EXPECT_EQ(r.j()["model"]["n_vocab"], model->info().n_vocab);
   EXPECT_EQ(r.j()["protocol"], 1);
@@ -305,7 +306,7 @@ TEST(Server, LostSessionsGet410NamingWhy) {
 TEST(Server, KvCapEvictsLeastRecentlyUsed) {
   const std::string path = model_path();
   auto model = Model::load(path);
-  const ModelConfig& cfg = model->config();
+  const ModelConfig& cfg = ModelInternals::config(*model);
   const uint64_t per_token = static_cast<uint64_t>(cfg.n_layer) * (cfg.kv_dim() + cfg.v_dim()) * 4;
   EXPECT_THROW(ServerProcess(path, {"--kv-cap", "1"}), std::runtime_error)
       << "a cap below two tokens must be refused at start-up";
@@ -350,10 +351,10 @@ TEST(Server, BatchedSessionsEqualSessionsAlone) {
   constexpr int kSessions = 32, kSteps = 6, kPerStep = 3;
   std::vector<std::vector<TokenId>> prompts(kSessions), want(kSessions);
   for (int i = 0; i < kSessions; ++i) {
-    prompts[i] =
-        model->tokenizer().encode("Story number " + std::to_string(i * 7919) +
-                                      std::string(static_cast<size_t>(i % 5), '!') + " begins",
-                                  true, false);
+    prompts[i] = ModelInternals::tokenizer(*model).encode(
+        "Story number " + std::to_string(i * 7919) + std::string(static_cast<size_t>(i % 5), '!') +
+            " begins",
+        true, false);
     want[i] = local_greedy(path, prompts[i], kSteps * kPerStep);
   }
   ServerProcess server(path, {"--max-sessions", "40"});

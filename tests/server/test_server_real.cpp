@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/default_model.h"
+#include "runtime/model_internals.h"
 #include "server_harness.h"
 #include "tandem/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -28,7 +29,7 @@ TEST(RealModelServer, SessionsAloneAndBatchedEqualGenerate) {
   constexpr int kTokens = 12;
   std::vector<std::vector<TokenId>> prompts, want;
   for (const auto& t : texts) {
-    prompts.push_back(model->tokenizer().encode(t, true, false));
+    prompts.push_back(ModelInternals::tokenizer(*model).encode(t, true, false));
     Context ctx(*model, {.n_ctx = 256, .n_seq = 1, .n_threads = 2});
     SamplingParams sp;
     sp.temp = 0;

@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "common/testdata.h"
 #include "model/model_config.h"
+#include "runtime/model_internals.h"
 #include "server/auth.h"
 #include "server_harness.h"
 #include "tandem/engine.h"
@@ -105,7 +106,7 @@ std::pair<int, std::string> serve_fails(const std::vector<std::string>& args) {
 
 uint64_t kv_bytes_per_token() {
   auto model = Model::load(model_path());
-  const ModelConfig& cfg = model->config();
+  const ModelConfig& cfg = ModelInternals::config(*model);
   return static_cast<uint64_t>(cfg.n_layer) * (cfg.kv_dim() + cfg.v_dim()) * 4;
 }
 
