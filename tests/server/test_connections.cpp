@@ -254,7 +254,8 @@ TEST(Connections, UnreadAnswersStayUnderTheTotal) {
   // by closing a reader stalled past the grace (on a slow machine the first answers are already
   // past it while the later ones are built). The last one taken is still held.
   const double queued = metric(honest, "tandem_write_queued_bytes");
-  EXPECT_GE(queued, 6 << 20) << "the answer taken last is held, never read";
+  EXPECT_GE(queued, 5 << 20)
+      << "the answer taken last is held, never read (less what the socket took)";
   EXPECT_LE(queued, kTotal + 9 * kSmallAnswer);
   EXPECT_GE(metric(honest, "tandem_answers_refused_total{bound=\"total\"}") +
                 metric(honest, "tandem_evicted_connections_total{why=\"slow_reader\"}"),
