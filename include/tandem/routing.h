@@ -41,8 +41,8 @@ struct RoutingSpec {
 };
 
 // The range a threshold of the policy's score may take (entropy in nats: a distribution over a
-// 262k vocabulary has at most ln(262144) ~ 12.5; the others are probabilities or a trained
-// router's probability).
+// 262k vocabulary has at most ln(262144) ~ 12.5; confidence and margin are probabilities; a
+// trained router's score is a logit: any finite number).
 std::pair<double, double> threshold_range(RouterPolicy policy);
 
 // Throws tandem::Error naming the rule `spec` breaks (see above); the model is not needed.

@@ -3,7 +3,9 @@
 // command line and the browser view say the same.
 #include "tandem/routing.h"
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
 
 #include "router/router_file.h"
@@ -59,6 +61,10 @@ void check_random(const RoutingSpec& spec) {
 
 void check_threshold(const RoutingSpec& spec, RouterPolicy policy) {
   if (!spec.threshold) return;
+  if (policy == RouterPolicy::Mlp && !std::isfinite(*spec.threshold)) {
+    throw Error("threshold " + number_text(*spec.threshold) +
+                " is not a finite number (a trained router's score is a logit)");
+  }
   const auto [lo, hi] = threshold_range(policy);
   if (!(*spec.threshold >= lo && *spec.threshold <= hi)) {
     throw Error("threshold " + number_text(*spec.threshold) + " is outside [" + number_text(lo) +
@@ -92,6 +98,9 @@ TrainedRouterInfo load_router_file(const RoutingSpec& spec, const Model& edge_mo
 }  // namespace
 
 std::pair<double, double> threshold_range(RouterPolicy policy) {
+  if (policy == RouterPolicy::Mlp) {  // a logit: any finite number
+    return {std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max()};
+  }
   return policy == RouterPolicy::Entropy ? std::pair{0.0, 16.0} : std::pair{0.0, 1.0};
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include <boost/asio/ip/address.hpp>
 
@@ -281,8 +282,8 @@ void read_routing(const json& j, GenerateRequest& r) {
     s.target_rate.reset();
   }
   if (!threshold.is_null()) {
-    s.threshold =
-        number_in(threshold, "threshold", 0, threshold_range(RouterPolicy::Entropy).second);
+    s.threshold = number_in(threshold, "threshold", std::numeric_limits<double>::lowest(),
+                            std::numeric_limits<double>::max());
     s.target_rate.reset();
   }
   if (!target.is_null()) {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -40,8 +41,11 @@ TEST(RoutingSpec, ContradictionsAreRefusedNamingTheRule) {
             "the never policy takes neither a threshold nor a target rate");
   EXPECT_EQ(refusal(RoutingSpec{.policy = "margin", .threshold = 2}),
             "threshold 2 is outside [0, 1] for the margin policy");
-  EXPECT_EQ(refusal(RoutingSpec{.router_file = "r.gguf", .threshold = -1}),
-            "threshold -1 is outside [0, 1] for a trained router");
+  EXPECT_EQ(refusal(RoutingSpec{.router_file = "r.gguf", .threshold = -1}), "(accepted)");
+  EXPECT_EQ(refusal(RoutingSpec{.router_file = "r.gguf", .threshold = 2.5}), "(accepted)");
+  EXPECT_EQ(refusal(RoutingSpec{.router_file = "r.gguf",
+                                .threshold = std::numeric_limits<double>::infinity()}),
+            "threshold inf is not a finite number (a trained router's score is a logit)");
   EXPECT_EQ(refusal(RoutingSpec{.target_rate = 1.5}), "target rate 1.5 is outside [0, 1]");
   EXPECT_EQ(refusal(RoutingSpec{.target_gain = 2}), "target gain 2 is outside [0, 1]");
   EXPECT_EQ(refusal(RoutingSpec{.route_span = 0}), "route span 0 is below 1");
