@@ -23,7 +23,8 @@ const state = {
 
 // ---- controls ----
 
-// Per policy: what the slider means and its range. Entropy scores are nats, the others 0..1.
+// Per policy: what the slider means and its range. Entropy scores are nats, a trained router's
+// are logits, the others 0..1.
 function sliderSpec() {
   const policy = el.policy.value;
   const byTarget = policy === "random" ||
@@ -33,7 +34,14 @@ function sliderSpec() {
   }
   if (byTarget) return { kind: "target", min: 0, max: 1, step: 0.01 };
   if (policy === "entropy") return { kind: "threshold", min: 0, max: 8, step: 0.05 };
+  if (policy === "router") return { kind: "threshold", min: -10, max: 10, step: 0.05 };
   return { kind: "threshold", min: 0, max: 1, step: 0.01 };
+}
+
+// A policy's starting threshold; the trained router's is its file's calibration for a 7% share.
+function defaultThreshold(policy) {
+  if (policy === "router") return state.info && state.info.defaults.policy === "router" ? state.info.defaults.threshold : 0;
+  return policy === "entropy" ? 2 : policy === "margin" ? 0.8 : 0.5;
 }
 
 function showLevel() {
@@ -60,7 +68,7 @@ function configureSlider(keepValue) {
   } else if (spec.kind === "threshold") {
     el.levelLabel.textContent = "Threshold";
     el.levelHelp.textContent = "Tokens whose router score is above the threshold go to the cloud.";
-    if (!keepValue) el.level.value = el.policy.value === "entropy" ? 2 : el.policy.value === "margin" ? 0.8 : 0.5;
+    if (!keepValue) el.level.value = defaultThreshold(el.policy.value);
   } else {
     el.levelLabel.textContent = "Threshold";
     el.levelHelp.textContent = el.policy.value === "always"
