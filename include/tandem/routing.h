@@ -38,6 +38,8 @@ struct RoutingSpec {
   std::optional<double> target_rate{};
   double target_gain = kDefaultRateGain;  // RouterConfig::rate_gain
   int route_span = 1;                     // cloud tokens per route event
+
+  bool operator==(const RoutingSpec&) const = default;
 };
 
 // The range a threshold of the policy's score may take (entropy in nats: a distribution over a

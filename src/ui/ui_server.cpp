@@ -466,7 +466,10 @@ void UiServer::start_turn(const HttpRequest& request, const std::shared_ptr<Resp
     return send_error(*responder, 400, "bad_request", e.problem(), e.field());
   }
   try {
-    parsed.router = resolved_router(parsed.routing);
+    // The command line's routing was resolved once at start; only another spec is resolved
+    // again (a trained router's file is read then, not on every turn).
+    parsed.router = parsed.routing == options_.defaults.routing ? options_.defaults.router
+                                                                : resolved_router(parsed.routing);
   } catch (const Error& e) {  // e.g. the command line's router file is gone
     return send_error(*responder, 400, "bad_request", e.what(), "policy");
   }
