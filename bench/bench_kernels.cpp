@@ -298,6 +298,13 @@ void MatvecShapes(benchmark::internal::Benchmark* b) {
     b->Args({T(t), 1024, 4096});
     b->Args({T(t), 4864, 896});
   }
+  // Qwen2.5 1.5B ffn_up (Q4_K) and ffn_down (Q6_K), and a 100 MB-class row count that no cache
+  // holds: decode streams its weights from memory.
+  for (TensorType t : {TensorType::Q4_K, TensorType::Q6_K}) {
+    b->Args({T(t), 1536, 8960});
+    b->Args({T(t), 8960, 1536});
+    b->Args({T(t), 1536, 65536});
+  }
   // Gemma 3 output projection (tied Q8_0 embedding): 640 x 262144.
   b->Args({T(TensorType::Q8_0), 640, 262144});
 }
