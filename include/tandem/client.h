@@ -119,6 +119,9 @@ class CloudBackend {
   virtual CloudStepResult step(std::span<const TokenId> history, const CloudOp& op) = 0;
   // Closes the session (best effort, short timeout); never throws.
   virtual void close() noexcept = 0;
+  // Closes the session without waiting for the cloud's answer, for a process on its way out
+  // (the goodbye must not add a round trip to its exit). Default: close().
+  virtual void close_at_exit() noexcept { close(); }
   // The next step starts another conversation: a fresh session that is not counted as a replay
   // (the protocol cannot cut a session's history back). Default: nothing (stateless backends).
   virtual void new_conversation() noexcept {}

@@ -432,7 +432,7 @@ void CloudLink::worker() {
     }
   }
   lock.unlock();
-  backend_->close();
+  backend_->close_at_exit();
 }
 
 CloudCounters CloudLink::counters() const {

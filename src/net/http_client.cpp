@@ -485,4 +485,21 @@ HttpResponse HttpClient::request(std::string_view method, std::string_view targe
   }
 }
 
+bool HttpClient::send_last(std::string_view method, std::string_view target,
+                           std::chrono::milliseconds timeout) noexcept {
+  try {
+    const http::verb verb = http::string_to_verb(beast::string_view(method.data(), method.size()));
+    if (verb == http::verb::unknown || aborted_ || !impl_->connected()) return false;
+    http::request<http::string_body> req = make_request(verb, base_, options_, target, "");
+    req.keep_alive(false);
+    beast::error_code ec;
+    bytes_sent_ += impl_->write(req, Clock::now() + timeout, ec);
+    impl_->close();
+    return !ec;
+  } catch (...) {
+    impl_->close();
+    return false;
+  }
+}
+
 }  // namespace tandem::net

@@ -92,6 +92,13 @@ class HttpClient {
   HttpResponse request(std::string_view method, std::string_view target, std::string_view body,
                        std::chrono::milliseconds timeout, size_t max_body_bytes = 0);
 
+  // Sends METHOD prefix+target as the connection's last request and closes it without reading
+  // the answer: for a goodbye (a session's DELETE at exit) that nobody waits for. Only on a live
+  // keep-alive connection (a new one would cost the round trip this saves); false when nothing
+  // was sent. Never throws.
+  bool send_last(std::string_view method, std::string_view target,
+                 std::chrono::milliseconds timeout) noexcept;
+
   // Fails the request in flight (from any thread) and every later one with NetError::Aborted.
   void abort();
   // Closes the connection (next request reconnects).

@@ -676,6 +676,27 @@ TEST_F(EdgeCloudTest, MultiTurnKeepsTheCloudSession) {
   EXPECT_EQ(rewound.stats.replays, 0);
 }
 
+// The decoder's goodbye (the session's DELETE) goes out on its way out without waiting for the
+// answer (CloudBackend::close_at_exit): the session is still closed on the server.
+TEST_F(EdgeCloudTest, AnEndedDecoderLeavesNoSessionBehind) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  {
+    EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "random:0.5:3"),
+                     backend(serve.url()));
+    edge.start();
+    EXPECT_EQ(edge.generate(prompt_, 8).stats.fallbacks, 0);
+    EXPECT_EQ(cloud_sessions(serve.url()).size(), 1u);
+  }
+  // The DELETE is on its way: the server takes it within a few polls.
+  size_t open = 1;
+  for (int i = 0; i < 200 && open > 0; ++i) {
+    open = cloud_sessions(serve.url()).size();
+    if (open > 0) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(open, 0u);
+}
+
 TEST_F(EdgeCloudTest, CloudDownAtStartStillAnswers) {
   const std::string url = "http://127.0.0.1:" + std::to_string(free_port());
   EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "always"), backend(url));
