@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""`tandem run` per prompt as a user runs it: one process per prompt, wall time from start to
+exit, against a `tandem serve` behind a TCP proxy that adds a round trip (docs/results.md quotes
+its output). Meant for a quiet machine.
+
+  scripts/bench_run_rtt.py --edge E --cloud C [--rtts 0,100] [--reps 5] [-n 160]
+                           [--builds build,OTHER/build] [--modes local,route]
+
+The cloud (`tandem serve -t 1`) is pinned to core 1, each `tandem run -t 1` to core 0. The proxy
+is this script's own (asyncio, not tandem's DelayProxy): every chunk is forwarded half the round
+trip after it arrived, in each direction, in order. Route mode runs at a 7% target share with the
+confidence policy (`--policy confidence --target-rate 0.07`; a trained router of the pair is
+not used, so that every build routes alike). Builds and modes alternate within each repetition.
+Each cell: median wall time (min..max) of --reps runs, the answer's own clock (`stats.total_ms`)
+and its time to first token (`stats.ttft_ms`) beside it, and wall / local of the same build.
+"""
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle. "
+          "Tell it in plain sentences.")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DelayProxy:
+    """127.0.0.1:port -> target, each chunk delayed by rtt/2 in its direction."""
+
+    def __init__(self, target_port, rtt_ms):
+        self.target_port = target_port
+        self.half = rtt_ms / 2000.0
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait()
+
+    def _run(self, ready):
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(
+            asyncio.start_server(self._client, "127.0.0.1", self.port))
+        ready.set()
+        self.loop.run_until_complete(server.serve_forever())
+
+    async def _pipe(self, reader, writer):
+        queue = asyncio.Queue()
+
+        async def send():
+            while True:
+                due, data = await queue.get()
+                await asyncio.sleep(max(0.0, due - self.loop.time()))
+                if data is None:
+                    break
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        sender = asyncio.ensure_future(send())
+        try:
+            while True:
+                data = await reader.read(65536)
+                await queue.put((self.loop.time() + self.half, data or None))
+                if not data:
+                    break
+        except (ConnectionError, OSError):
+            await queue.put((self.loop.time(), None))
+        try:
+            await sender
+        except (ConnectionError, OSError):
+            pass
+
+    async def _client(self, creader, cwriter):
+        try:
+            sreader, swriter = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            cwriter.close()
+            return
+        await asyncio.gather(self._pipe(creader, swriter), self._pipe(sreader, cwriter))
+
+
+def start_serve(tandem, model, port):
+    proc = subprocess.Popen(["taskset", "-c", "1", tandem, "serve", "-m", model, "-t", "1",
+                             "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    sys.exit("bench_run_rtt.py: tandem serve did not come up")
+
+
+def run_once(tandem, args, mode, url):
+    cmd = ["taskset", "-c", "0", tandem, "run", "-m", args.edge, "-t", "1", "-n", str(args.n),
+           "--temp", "0", "--json", "-p", PROMPT, "--mode", mode]
+    if mode != "local":
+        cmd += ["--cloud", url, "--policy", "confidence", "--target-rate", "0.07"]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    wall = (time.monotonic() - t0) * 1000
+    if out.returncode != 0:
+        sys.exit(f"bench_run_rtt.py: {' '.join(cmd)} exited {out.returncode}: {out.stderr[-500:]}")
+    j = json.loads(out.stdout)
+    return wall, j["stats"], j["ids"]
+
+
+def cell(xs):
+    return f"{statistics.median(xs):.0f} ({min(xs):.0f}..{max(xs):.0f})"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--edge", required=True)
+    ap.add_argument("--cloud", required=True)
+    ap.add_argument("--rtts", default="0,100")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("-n", type=int, default=160)
+    ap.add_argument("--builds", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--modes", default="local,route")
+    args = ap.parse_args()
+    builds = args.builds.split(",")
+    modes = args.modes.split(",")
+    port = free_port()
+    serve = start_serve(os.path.join(builds[0], "tandem"), args.cloud, port)
+    rows = []
+    try:
+        for rtt in [float(r) for r in args.rtts.split(",")]:
+            proxy = DelayProxy(port, rtt)
+            url = f"http://127.0.0.1:{proxy.port}"
+            samples = {(b, m): [] for b in builds for m in modes}
+            outputs = {}
+            for rep in range(args.reps):
+                for b in builds:
+                    for m in modes:
+                        wall, st, ids = run_once(os.path.join(b, "tandem"), args, m, url)
+                        samples[(b, m)].append((wall, st["total_ms"], st.get("ttft_ms", 0),
+                                                st.get("cloud_tokens", 0), st.get("tokens", 0)))
+                        outputs.setdefault((b, m), set()).add(tuple(ids))
+                        print(f"rtt {rtt:g} {b} {m}: wall {wall:.0f} ms, total {st['total_ms']:.0f}"
+                              f" ms, cloud {st.get('cloud_tokens', 0)}/{st.get('tokens', 0)}",
+                              file=sys.stderr)
+            for b in builds:
+                local = statistics.median(s[0] for s in samples[(b, modes[0])])
+                for m in modes:
+                    s = samples[(b, m)]
+                    walls = [x[0] for x in s]
+                    rows.append((rtt, b, m, cell(walls), cell([x[1] for x in s]),
+                                 cell([x[2] for x in s]), f"{s[0][3]}/{s[0][4]}",
+                                 f"{statistics.median(walls) / local:.2f}x",
+                                 len(outputs[(b, m)])))
+    finally:
+        serve.kill()
+        serve.wait()
+    print("| rtt ms | build | mode | wall ms | answer's clock ms | first token ms | cloud tokens "
+          "| wall / local | distinct outputs |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(str(x) for x in r) + " |")
+
+
+if __name__ == "__main__":
+    main()
