@@ -23,16 +23,10 @@ import tempfile
 import threading
 import time
 
+from netutil import free_port
+
 A_KEY = "flood-key-0123456789"
 B_KEY = "device-key-0123456789"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def post(conn, key, path, body):

@@ -14,22 +14,15 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
 
+from netutil import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def post(port, path, body, timeout=600):

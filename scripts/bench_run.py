@@ -20,22 +20,17 @@ Each figure is the median of --reps runs (min..max in brackets).
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 
+from netutil import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = ("Q: What is the capital of France?\nA: Paris.\nQ: What is the largest planet in the "
           "solar system?\nA:")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(args):

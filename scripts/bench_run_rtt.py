@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,15 +25,11 @@ import threading
 import time
 import urllib.request
 
+from netutil import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle. "
           "Tell it in plain sentences.")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DelayProxy:

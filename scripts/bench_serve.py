@@ -28,12 +28,13 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+
+from netutil import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,12 +61,6 @@ class Conn:
         status_line = f"HTTP/1.1 {r.status} {r.reason}\r\n"
         self.received += len(status_line) + len(str(r.headers)) + len(payload)
         return r.status, json.loads(payload)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(args, extra=()):

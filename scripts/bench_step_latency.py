@@ -12,18 +12,11 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from netutil import free_port
 
 
 class Conn:

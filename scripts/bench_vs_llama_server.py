@@ -19,20 +19,15 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
 
+from netutil import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_health(port, proc, timeout=300):
