@@ -312,6 +312,20 @@ class EdgeDecoder {
   // The router's decision at the current position: its score; *cloud and *threshold (what the
   // score was compared with) are set.
   float route_score(bool* cloud, double* threshold);
+  // The small model's greedy token where its logits are (ensure_local_logits, decode_ahead).
+  TokenId local_top1() const;
+  // The small model's greedy continuation of up to n tokens from the end of history_, starting
+  // with `first` (its top-1 there) and cut after an end-of-generation token, as a route span's
+  // answer would be. It runs the KV ahead of history_ (the lazy rule keeps what then follows).
+  std::vector<TokenId> greedy_chain(TokenId first, int n);
+  // Decodes `token` past what the KV holds (a draft, ahead of history_); its logits come out.
+  void decode_ahead(TokenId token);
+  // Back to history length `pos` with the router and sampler as they were there (a snapshot
+  // taken at a consultation or just after a held token). The KV follows lazily.
+  void restore(size_t pos, const Router::State& router, Sampler::State sampler);
+  // The small model back at history length `pos`: its KV cut there, and its logits (and hidden
+  // state) there put back -- or, when none were kept (empty), recomputed when next needed.
+  void rewind_small_model(size_t pos, std::vector<float> logits, std::vector<float> hidden);
   struct Turn;  // one generate() call (edge_decoder.cpp)
 
   const Model& model_;

@@ -9,12 +9,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <deque>
 #include <limits>
 #include <optional>
 #include <utility>
 
 #include "client/cloud_link.h"
+#include "client/pipeline_ledger.h"
 #include "common/error.h"
 #include "tandem/client.h"
 #include "tandem/vector_ops.h"
@@ -152,45 +152,75 @@ float EdgeDecoder::route_score(bool* cloud, double* threshold) {
   return d.score;
 }
 
+TokenId EdgeDecoder::local_top1() const {
+  return argmax(logits_);
+}
+
+std::vector<TokenId> EdgeDecoder::greedy_chain(TokenId first, int n) {
+  std::vector<TokenId> chain{first};
+  const size_t pos = history_.size();
+  while (static_cast<int>(chain.size()) < n && !model_.is_end_of_generation(chain.back())) {
+    history_.push_back(chain.back());
+    ensure_local_logits();
+    chain.push_back(argmax(logits_));
+  }
+  history_.resize(pos);
+  return chain;
+}
+
+void EdgeDecoder::decode_ahead(TokenId token) {
+  const auto t0 = Clock::now();
+  const BatchToken bt{token, static_cast<int32_t>(local_tokens_.size()), 0, true};
+  ctx_->decode(std::span<const BatchToken>(&bt, 1));
+  local_tokens_.push_back(token);
+  const auto row = ctx_->logits(0);
+  logits_.assign(row.begin(), row.end());
+  logits_pos_ = local_tokens_.size();
+  local_ms_ += ms_since(t0);
+}
+
+void EdgeDecoder::restore(size_t pos, const Router::State& router, Sampler::State sampler) {
+  history_.resize(pos);
+  router_.restore(router);
+  sampler_.restore(std::move(sampler));
+}
+
+void EdgeDecoder::rewind_small_model(size_t pos, std::vector<float> logits,
+                                     std::vector<float> hidden) {
+  if (local_tokens_.size() > pos) {
+    ctx_->truncate(0, static_cast<int>(pos));
+    local_tokens_.resize(pos);
+  }
+  if (logits.empty()) {
+    logits_pos_ = SIZE_MAX;  // recomputed by ensure_local_logits when needed
+    return;
+  }
+  logits_ = std::move(logits);
+  hidden_ = std::move(hidden);
+  logits_pos_ = pos;
+}
+
 namespace {
 
-// A consultation whose answer is still out (pipelined route or speculative mode), and the
-// decoder as it was at its position: the router after its decision, the sampler, the small
-// model's logits (and hidden state) there. An answer other than `guess` puts all of it back, so
-// the decoder then goes on exactly as the blocking mode would have.
-struct Flight {
-  uint64_t ticket = 0;
-  size_t pos = 0;  // history length at the consulted position
-  Router::State router;
-  Sampler::State sampler;
-  std::vector<float> logits, hidden;  // [n_vocab], [n_embd] or empty
-  float score = 0;
-  double threshold = 0;
-  TokenId edge_guess = -1;      // route: the small model's top-1 at pos
-  std::vector<TokenId> guess;   // what the device assumes the cloud answers
-  std::vector<TokenId> drafts;  // speculative: the block out for verification (empty: route)
-  Clock::time_point sent;
-};
-
-// A token decoded past an unanswered routed position: published once the answer agrees. The
-// router, sampler and history length as they were right after it, for a callback that stops the
-// answer there (blocking mode would have stopped in that state).
-struct Held {
-  EdgeToken token;
-  Router::State router;
-  Sampler::State sampler;
-  size_t history_len = 0;
-};
-
+// How the earliest answer out settled. Confirmed: as guessed (the held tokens up to the next
+// consultation went out). Rewound: otherwise, and the decoder went back and took the answer as
+// the blocking mode does. Ended: either way, the answer ended there.
 enum class Resolved { Confirmed, Rewound, Ended };
 
 }  // namespace
 
 // One generate() call: its result and text stream, the sync-ahead bookkeeping, and in pipelined
-// route mode the consultation in flight with the tokens held back behind it (docs/client.md,
-// "Pipelined routing"). Every step_*() decodes one position (or one cloud answer) and returns
-// false when the answer -- or, with a consultation in flight, the assumed answer -- ends there.
+// mode the ledger of consultations out and tokens held back behind them (docs/client.md,
+// "Pipelined routing"). Every step_*() decodes one position (or takes one cloud answer) and
+// returns false when the answer -- or, with a consultation out, the assumed answer -- ends there.
+//
+// It reads by mode: producing tokens and asking the cloud (shared), then local, route (blocking,
+// pipelined), settling the answers a pipelined mode left out, speculative, cloud, and the end of
+// the call.
 struct EdgeDecoder::Turn {
+  using Flight = PipelineLedger::Flight;
+  using Held = PipelineLedger::Held;
+
   Turn(EdgeDecoder& decoder, int n_predict, const EdgeTokenCallback& on_token)
       : d(decoder), n_predict(n_predict), on_token(on_token), stream(decoder.model_) {
     if (d.link_) {
@@ -213,8 +243,8 @@ struct EdgeDecoder::Turn {
       }
       if (!going) {
         // The answer ends here unless a consultation still out says otherwise.
-        if (flights.empty()) break;
-        going = resolve() == Resolved::Rewound;
+        if (!ledger.in_flight()) break;
+        going = resolve_earliest() == Resolved::Rewound;
         continue;
       }
       going = step();
@@ -227,14 +257,10 @@ struct EdgeDecoder::Turn {
   bool step() {
     // An answer that is in settles its position now, not at the next routed position: confirmed
     // tokens stream out at once, and fewer tokens are decoded past an answer that changes them.
-    while (!flights.empty() && d.link_->answered(flights.front().ticket)) {
-      const Resolved first = resolve();
-      if (first == Resolved::Ended) return false;
-      if (first == Resolved::Rewound) break;
-    }
+    if (resolve_answered() == Resolved::Ended) return false;
     switch (d.options_.mode) {
       case EdgeMode::Local:
-        return emit(d.sample_local(), TokenSource::Local, 0.0f);
+        return step_local();
       case EdgeMode::Route:
         return step_route();
       case EdgeMode::Speculative:
@@ -245,25 +271,25 @@ struct EdgeDecoder::Turn {
     return false;
   }
 
-  // ---- producing tokens ----
+  // ---- producing tokens (every mode) ----
 
-  int produced() const { return static_cast<int>(res.ids.size() + held.size()); }
+  int produced() const { return static_cast<int>(res.ids.size() + ledger.held_count()); }
   int remaining() const {
     const int by_n = n_predict - produced();
     const int by_ctx = d.ctx_->n_ctx() - static_cast<int>(d.history_.size());
     return std::max(0, std::min(by_n, by_ctx));
   }
-  // How the answer ends; with a consultation in flight only how the assumed answer would.
+  // How the answer ends; with a consultation out only how the assumed answer would.
   void end(StopReason why) {
-    if (!flights.empty()) {
-      held_stop = why;
+    if (ledger.in_flight()) {
+      ledger.hold_stop(why);
     } else {
       res.stop = why;
     }
   }
 
   // Appends one produced token to the conversation and publishes it, or holds it back while a
-  // consultation is in flight; false when generation ends here.
+  // consultation is out; false when generation ends here.
   bool emit(TokenId id, TokenSource source, float score, TokenId edge_top1 = -1,
             bool fallback = false) {
     if (d.model_.is_end_of_generation(id)) {
@@ -273,8 +299,8 @@ struct EdgeDecoder::Turn {
     d.history_.push_back(id);
     d.sampler_.accept(id);
     const EdgeToken token{id, source, score, edge_top1, fallback, decided_threshold};
-    if (!flights.empty()) {
-      held.push_back(Held{token, d.router_.state(), d.sampler_.state(), d.history_.size()});
+    if (ledger.in_flight()) {
+      ledger.hold(Held{token, d.router_.state(), d.sampler_.state(), d.history_.size()});
     } else if (!publish(token)) {
       res.stop = StopReason::Callback;
       return false;
@@ -324,11 +350,11 @@ struct EdgeDecoder::Turn {
     return true;
   }
 
-  // ---- the cloud ----
+  // ---- asking the cloud (every mode but local) ----
 
   void maybe_sync(bool force) {
     // While a consultation is out, it carries the history, and what lies past it is unsettled.
-    if (!use_cloud || !d.options_.sync_ahead || !flights.empty()) return;
+    if (!use_cloud || !d.options_.sync_ahead || ledger.in_flight()) return;
     if (!force && d.history_.size() < synced + static_cast<size_t>(d.options_.sync_every)) return;
     d.link_->sync(d.history_);
     synced = d.history_.size();
@@ -353,6 +379,7 @@ struct EdgeDecoder::Turn {
     ++st.route_events;
     st.prefilled_on_route += r.prefilled;
   }
+  void count_agreement(bool same) { ++(same ? st.route_confirmed : st.route_changed); }
 
   // A consultation the decoder waits for; nullopt (the caller counts a fallback) on failure.
   std::optional<CloudStepResult> consult(const CloudOp& op) {
@@ -370,7 +397,11 @@ struct EdgeDecoder::Turn {
     return r;
   }
 
-  // ---- route mode ----
+  // ---- local mode ----
+
+  bool step_local() { return emit(d.sample_local(), TokenSource::Local, 0.0f); }
+
+  // ---- route mode, blocking ----
 
   // One position: the router decides; the cloud's answer or the device's own token goes in.
   bool step_route() {
@@ -383,28 +414,18 @@ struct EdgeDecoder::Turn {
     // Another routed position while answers are out goes out too when the link can take it;
     // otherwise it waits for the earliest. That answer either stands (this position then goes
     // out as usual) or rewinds past this position (this decision was then never taken).
-    while (!flights.empty() && !room_for_another()) {
-      const Resolved first = resolve();
+    while (ledger.in_flight() && !room_for_another()) {
+      const Resolved first = resolve_earliest();
       if (first != Resolved::Confirmed) return first == Resolved::Rewound;
     }
-    const TokenId edge_guess = argmax(d.logits_);  // route_score left the logits current
+    const TokenId edge_guess = d.local_top1();  // route_score left the logits current
     const CloudOp op = generate_op(std::min(d.options_.route_span, remaining()));
     if (!d.link_) return take_answer(std::nullopt, score, edge_guess);
-    if (!d.options_.pipeline) {
-      const std::optional<CloudStepResult> r = consult(op);
-      if (r) count_agreement(!r->tokens.empty() && r->tokens[0] == edge_guess);
-      return take_answer(r, score, edge_guess);
-    }
-    return route_ahead(op, score, edge_guess);
+    if (d.options_.pipeline) return route_ahead(op, score, edge_guess);
+    const std::optional<CloudStepResult> r = consult(op);
+    if (r) count_agreement(!r->tokens.empty() && r->tokens[0] == edge_guess);
+    return take_answer(r, score, edge_guess);
   }
-
-  // Consultations out at once, at most: a sync and this many fill a server's session queue.
-  static constexpr size_t kMaxFlights = 2;
-  bool room_for_another() const {
-    return flights.size() < kMaxFlights && d.link_->can_begin_another();
-  }
-
-  void count_agreement(bool same) { ++(same ? st.route_confirmed : st.route_changed); }
 
   // A route event's outcome as blocking route mode takes it: the cloud's tokens, or (nullopt) a
   // fallback to the device's own token.
@@ -418,23 +439,27 @@ struct EdgeDecoder::Turn {
     return emit_local(score, true);
   }
 
-  // Pipelined: the request goes out and the decoder goes on as if the cloud answered the
-  // device's own greedy continuation, holding its tokens and every later one back until the
-  // answer is in.
+  // ---- route mode, pipelined ----
+
+  // Consultations out at once, at most: a sync and this many fill a server's session queue.
+  static constexpr size_t kMaxFlights = 2;
+  bool room_for_another() const {
+    return ledger.flights_out() < kMaxFlights && d.link_->can_begin_another();
+  }
+
+  // The request goes out and the decoder goes on as if the cloud answered the device's own
+  // greedy continuation, holding its tokens and every later one back until the answer is in.
+  // The snapshot is taken before the continuation is decoded (that moves the logits on).
   bool route_ahead(const CloudOp& op, float score, TokenId edge_guess) {
-    Flight f{0,
-             d.history_.size(),
-             d.router_.state(),
-             d.sampler_.state(),
-             d.logits_,
-             d.hidden_,
-             score,
-             decided_threshold,
-             edge_guess,
-             {},
-             {},
-             {}};
-    f.guess = greedy_chain(edge_guess, op.n_generate);
+    Flight f{.pos = d.history_.size(),
+             .router = d.router_.state(),
+             .sampler = d.sampler_.state(),
+             .logits = d.logits_,
+             .hidden = d.hidden_,
+             .score = score,
+             .threshold = decided_threshold,
+             .edge_guess = edge_guess};
+    f.guess = d.greedy_chain(edge_guess, op.n_generate);
     std::string why;
     f.ticket = d.link_->begin(d.history_, op, f.guess, &why);
     if (f.ticket == 0) {
@@ -442,111 +467,84 @@ struct EdgeDecoder::Turn {
       return take_answer(std::nullopt, score, edge_guess);
     }
     f.sent = Clock::now();
-    flights.push_back(std::move(f));
-    d.router_.record(true, static_cast<int>(flights.back().guess.size()));
-    return emit_cloud(flights.back().guess, score, 0, edge_guess);
+    const Flight& out = ledger.send(std::move(f));
+    d.router_.record(true, static_cast<int>(out.guess.size()));
+    return emit_cloud(out.guess, score, 0, edge_guess);
   }
 
-  // The small model's greedy continuation of up to n tokens from here, starting with `first`
-  // (its top-1 here) and cut after an end-of-generation token, as a route span's answer would
-  // be. Decoding it runs the KV ahead of history_; the lazy rule keeps what is then appended.
-  std::vector<TokenId> greedy_chain(TokenId first, int n) {
-    std::vector<TokenId> chain{first};
-    const size_t pos = d.history_.size();
-    while (static_cast<int>(chain.size()) < n && !d.model_.is_end_of_generation(chain.back())) {
-      d.history_.push_back(chain.back());
-      d.ensure_local_logits();
-      chain.push_back(argmax(d.logits_));
+  // ---- settling the answers out (pipelined route and speculative modes) ----
+
+  // Settles the answers already in, earliest first; the first outcome other than Confirmed, or
+  // nullopt when every one was confirmed (or none is in).
+  std::optional<Resolved> resolve_answered() {
+    while (ledger.in_flight() && d.link_->answered(ledger.earliest().ticket)) {
+      const Resolved r = resolve_earliest();
+      if (r != Resolved::Confirmed) return r;
     }
-    d.history_.resize(pos);
-    return chain;
+    return std::nullopt;
   }
 
-  // Waits for the earliest answer out. The tokens assumed: the held tokens up to the next
-  // consultation's position are published (Confirmed, or Ended when the assumed answer ended
-  // there or the callback stopped it). Otherwise everything goes back to the consulted position,
-  // the later consultations are dropped, and the answer -- or, when the cloud failed, the
-  // device's fallback token -- goes in as the blocking mode takes it (Rewound, or Ended when
-  // that ends the answer).
-  Resolved resolve() {
-    Flight f = std::move(flights.front());
-    flights.pop_front();
+  // Waits for the earliest answer out. The tokens assumed: the held tokens it settles are
+  // published (Confirmed, or Ended when the assumed answer ended there or the callback stopped
+  // it). Otherwise -- other tokens, or no answer -- see take_instead.
+  Resolved resolve_earliest() {
+    Flight f = ledger.take_earliest();
     std::string why;
     const auto t0 = Clock::now();
     const std::optional<CloudStepResult> r = d.link_->wait(f.ticket, &why);
     st.wait_ms += ms_since(t0);
     st.cloud_ms += ms_since(f.sent);
-    if (r) {
-      note_answer(*r);
-      count_agreement(r->tokens == f.guess);
-      if (!f.drafts.empty()) st.accepted_drafts += r->accepted;
-      if (r->tokens == f.guess) {
-        const size_t upto = flights.empty() ? SIZE_MAX : flights.front().pos;
-        return publish_held(upto) ? Resolved::Confirmed : Resolved::Ended;
-      }
-    } else {
+    if (!r) {
       note_failure(why);
+      return take_instead(std::move(f), r);
     }
-    const std::vector<TokenId> ahead(d.history_.begin() + f.pos, d.history_.end());
-    drop_flights();
-    rewind(f);
+    note_answer(*r);
+    count_agreement(r->tokens == f.guess);
+    if (!f.drafts.empty()) st.accepted_drafts += r->accepted;
+    if (r->tokens != f.guess) return take_instead(std::move(f), r);
+    return publish_settled() ? Resolved::Confirmed : Resolved::Ended;
+  }
+
+  // The answer to f is not its guess (or none came): everything goes back to f's position, the
+  // later consultations are dropped, and the answer -- or, when the cloud failed, the device's
+  // fallback token -- goes in as the blocking mode takes it (Rewound, or Ended when that ends
+  // the answer). The tokens decoded past f that this undoes are wasted.
+  Resolved take_instead(Flight f, const std::optional<CloudStepResult>& r) {
+    const std::vector<TokenId> ahead(d.history_.begin() + static_cast<std::ptrdiff_t>(f.pos),
+                                     d.history_.end());
+    abandon(ledger.drop_all());
+    d.restore(f.pos, f.router, std::move(f.sampler));
+    // Route mode kept the logits at f.pos; speculative mode did not (drafting moved them on).
+    d.rewind_small_model(f.pos, std::move(f.logits), std::move(f.hidden));
+    decided_threshold = f.threshold;
     const bool going =
         f.drafts.empty() ? take_answer(r, f.score, f.edge_guess) : take_verdict(r, f.drafts);
     count_wasted(ahead, f.pos);
     return going ? Resolved::Rewound : Resolved::Ended;
   }
 
-  // Publishes the held tokens in order, up to the history length `upto` (where the next
-  // consultation out was sent; later ones stay held); false when the answer ends with them (the
-  // assumed answer ended there, or the callback stopped it at one: the decoder is then put back
-  // to just after that token, where the blocking mode would have stopped).
-  bool publish_held(size_t upto) {
-    size_t n = 0;
-    while (n < held.size() && held[n].history_len <= upto) ++n;
-    for (size_t i = 0; i < n; ++i) {
-      if (publish(held[i].token)) continue;
-      d.router_.restore(held[i].router);
-      d.sampler_.restore(std::move(held[i].sampler));
-      d.history_.resize(held[i].history_len);
-      st.wasted_tokens += static_cast<int>(held.size() - i - 1);
-      held.clear();
-      drop_flights();
+  // After an answer that agreed: publishes the held tokens it settles, in order; false when the
+  // answer ends with them (the assumed answer ended there, or the callback stopped it at one:
+  // the decoder is then put back to just after that token, where the blocking mode would have
+  // stopped, and every token held after it is wasted).
+  bool publish_settled() {
+    std::vector<Held> settled = ledger.take_settled();
+    for (size_t i = 0; i < settled.size(); ++i) {
+      if (publish(settled[i].token)) continue;
+      d.restore(settled[i].history_len, settled[i].router, std::move(settled[i].sampler));
+      st.wasted_tokens += static_cast<int>(settled.size() - i - 1 + ledger.held_count());
+      abandon(ledger.drop_all());
       res.stop = StopReason::Callback;
-      held_stop.reset();
       return false;
     }
-    held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n));
-    if (!flights.empty() || !held_stop) return true;
-    res.stop = *std::exchange(held_stop, std::nullopt);
-    return false;
+    const std::optional<StopReason> stop = ledger.take_settled_stop();
+    if (stop) res.stop = *stop;
+    return !stop;
   }
 
-  // The consultations still out were built on a guess that did not hold: nobody waits for them.
-  void drop_flights() {
-    for (const Flight& f : flights) d.link_->abandon(f.ticket);
-    flights.clear();
-  }
-
-  // Back to f's position: the conversation, the router (after its decision there), the sampler,
-  // and the small model's KV (cut there) and logits (restored, not recomputed, in route mode).
-  void rewind(const Flight& f) {
-    held.clear();
-    held_stop.reset();
-    d.history_.resize(f.pos);
-    d.router_.restore(f.router);
-    d.sampler_.restore(f.sampler);
-    decided_threshold = f.threshold;
-    if (d.local_tokens_.size() > f.pos) {
-      d.ctx_->truncate(0, static_cast<int>(f.pos));
-      d.local_tokens_.resize(f.pos);
-    }
-    if (f.logits.empty()) {
-      d.logits_pos_ = SIZE_MAX;  // not kept (speculative): recomputed when needed
-    } else {
-      d.logits_ = f.logits;
-      d.hidden_ = f.hidden;
-      d.logits_pos_ = f.pos;
-    }
+  // Consultations built on a guess that did not hold: nobody waits for them.
+  void abandon(const std::vector<uint64_t>& tickets) {
+    for (const uint64_t ticket : tickets) d.link_->abandon(ticket);
   }
 
   // Tokens decoded past `pos` (`ahead`) that the conversation no longer holds after a rewind.
@@ -559,7 +557,28 @@ struct EdgeDecoder::Turn {
     st.wasted_tokens += static_cast<int>(ahead.size() - kept);
   }
 
-  // ---- speculative and cloud modes ----
+  // ---- speculative mode ----
+
+  // One block: the small model drafts, the cloud verifies (blocking), or -- pipelined -- the
+  // block goes out and the device goes on as if every draft and its own next token were taken,
+  // drafting the next block while this one is verified (docs/client.md, "Pipelined routing").
+  bool step_speculative() {
+    if (!ledger.in_flight() && !(d.link_ && d.link_->ready())) {
+      return take_verdict(std::nullopt, {});
+    }
+    // With blocks out, this one is drafted before anything is waited for; the drafts of a block
+    // that an answer rewinds past go with the rewind (the KV is cut back).
+    std::optional<Resolved> settled;
+    std::vector<TokenId> drafts = draft(remaining(), &settled);
+    if (settled) return *settled == Resolved::Rewound;
+    const bool chains = !drafts.empty() && !d.model_.is_end_of_generation(drafts.back());
+    while (ledger.in_flight() && !(chains && room_for_another())) {
+      const Resolved first = resolve_earliest();
+      if (first != Resolved::Confirmed) return first == Resolved::Rewound;
+      if (!ledger.in_flight() && !d.link_->ready()) return take_verdict(std::nullopt, {});
+    }
+    return verify(std::move(drafts), chains);
+  }
 
   // Greedy drafts from the small model, at most room - 1 so that the cloud's extra token still
   // fits; the drafts run ahead in the local KV (kept when accepted). With blocks out, an answer
@@ -571,54 +590,28 @@ struct EdgeDecoder::Turn {
     const int n_draft = std::min(d.options_.draft, room - 1);
     std::vector<TokenId> drafts;
     for (int i = 0; i < n_draft; ++i) {
-      const TokenId t = argmax(d.logits_);
+      const TokenId t = d.local_top1();
       drafts.push_back(t);
       if (d.model_.is_end_of_generation(t) || i + 1 == n_draft) break;
-      const auto t0 = Clock::now();
-      const BatchToken bt{t, static_cast<int32_t>(d.local_tokens_.size()), 0, true};
-      d.ctx_->decode(std::span<const BatchToken>(&bt, 1));
-      d.local_tokens_.push_back(t);
-      const auto row = d.ctx_->logits(0);
-      d.logits_.assign(row.begin(), row.end());
-      d.logits_pos_ = d.local_tokens_.size();
-      d.local_ms_ += ms_since(t0);
-      while (!flights.empty() && d.link_->answered(flights.front().ticket)) {
-        const Resolved r = resolve();
-        if (r == Resolved::Confirmed) continue;
-        *settled = r;
-        return {};
-      }
+      d.decode_ahead(t);
+      *settled = resolve_answered();
+      if (*settled) return {};
     }
     return drafts;
   }
 
-  // One block: the small model drafts, the cloud verifies (blocking), or -- pipelined -- the
-  // block goes out and the device goes on as if every draft and its own next token were taken,
-  // drafting the next block while this one is verified (docs/client.md, "Pipelined routing").
-  bool step_speculative() {
-    if (flights.empty() && !(d.link_ && d.link_->ready())) return take_verdict(std::nullopt, {});
-    // With blocks out, this one is drafted before anything is waited for; the drafts of a block
-    // that an answer rewinds past go with the rewind (the KV is cut back).
-    std::optional<Resolved> settled;
-    std::vector<TokenId> drafts = draft(remaining(), &settled);
-    if (settled) return *settled == Resolved::Rewound;
-    const bool chains = !drafts.empty() && !d.model_.is_end_of_generation(drafts.back());
-    while (!flights.empty() && !(chains && room_for_another())) {
-      const Resolved first = resolve();
-      if (first != Resolved::Confirmed) return first == Resolved::Rewound;
-      if (flights.empty() && !d.link_->ready()) return take_verdict(std::nullopt, {});
-    }
+  // The block drafted goes to the cloud: verified blocking, or sent ahead when the next block
+  // can chain on it (no drafts: the cloud decides the position alone).
+  bool verify(std::vector<TokenId> drafts, bool chains) {
     if (drafts.empty()) return take_verdict(consult(generate_op(1)), {});
     st.drafted += static_cast<int>(drafts.size());
     CloudOp op;
     op.kind = CloudOpKind::Verify;
     op.draft = drafts;
-    if (!d.options_.pipeline || !chains) {
-      std::optional<CloudStepResult> r = consult(op);
-      if (r) st.accepted_drafts += r->accepted;
-      return take_verdict(r, drafts);
-    }
-    return verify_ahead(op, std::move(drafts));
+    if (d.options_.pipeline && chains) return verify_ahead(op, std::move(drafts));
+    const std::optional<CloudStepResult> r = consult(op);
+    if (r) st.accepted_drafts += r->accepted;
+    return take_verdict(r, drafts);
   }
 
   // A verification's outcome as blocking speculative mode takes it: the accepted drafts and the
@@ -635,12 +628,14 @@ struct EdgeDecoder::Turn {
 
   // Pipelined: sends the block and goes on as if the cloud took every draft and then answered
   // the small model's own next token, holding those tokens back until the verdict is in. The
-  // decoder's state is kept as it was before the drafts (f.pos), for a verdict that differs.
+  // snapshot is the decoder before the drafts (f.pos), for a verdict that differs.
   bool verify_ahead(const CloudOp& op, std::vector<TokenId> drafts) {
     const size_t pos = d.history_.size();
-    Flight f{
-        0,  pos, d.router_.state(), d.sampler_.state(), {}, {}, 0.0f, decided_threshold, -1, {},
-        {}, {}};
+    // The logits at pos are not kept (drafting moved them on): a rewind recomputes them.
+    Flight f{.pos = pos,
+             .router = d.router_.state(),
+             .sampler = d.sampler_.state(),
+             .threshold = decided_threshold};
     // The block goes out before the last draft is decoded (that decode would only delay it);
     // the small model's next token then completes the guess, here and on the link.
     std::string why;
@@ -649,19 +644,19 @@ struct EdgeDecoder::Turn {
       note_failure(why);
       return take_verdict(std::nullopt, drafts);
     }
-    // The logits at pos are not kept (drafting moved them on): a rewind recomputes them.
     d.history_.insert(d.history_.end(), drafts.begin(), drafts.end());
     d.ensure_local_logits();  // decodes the last draft: the small model's next token
     f.guess = drafts;
-    f.guess.push_back(argmax(d.logits_));
+    f.guess.push_back(d.local_top1());
     d.link_->extend_guess(f.ticket, f.guess.back());
     d.history_.resize(pos);
     f.drafts = std::move(drafts);
     f.sent = Clock::now();
-    flights.push_back(std::move(f));
-    const Flight& out = flights.back();
+    const Flight& out = ledger.send(std::move(f));
     return emit_cloud(out.guess, 0.0f, static_cast<int>(out.drafts.size()), -1);
   }
+
+  // ---- cloud mode ----
 
   bool step_cloud() {
     std::optional<CloudStepResult> r;
@@ -674,6 +669,8 @@ struct EdgeDecoder::Turn {
     ++st.fallbacks;
     return emit(d.sample_local(), TokenSource::Local, 0.0f, -1, true);
   }
+
+  // ---- the end: the text's tail and this call's stats ----
 
   void finish() {
     const std::string tail = stream.flush();
@@ -717,9 +714,7 @@ struct EdgeDecoder::Turn {
   // The threshold the current route decision was taken against; every token it produces carries
   // it (EdgeToken::threshold). Stays NaN outside route mode.
   double decided_threshold = std::numeric_limits<double>::quiet_NaN();
-  std::deque<Flight> flights;           // pipelined: the consultations out, earliest first
-  std::vector<Held> held;               // tokens decoded past it, not yet published
-  std::optional<StopReason> held_stop;  // how the assumed answer ends, when it does
+  PipelineLedger ledger;  // pipelined: the consultations out and the tokens held behind them
 };
 
 EdgeResult EdgeDecoder::generate(std::span<const TokenId> context, int n_predict,
