@@ -308,8 +308,8 @@ class RouterTrain {
 
   int run() {
     t_.train.class_weighting = !no_class_weight_;
-    const json summary = router::train_router_file(t_);
-    if (json_) std::printf("%s\n", summary.dump(1).c_str());
+    const std::string summary = router::train_router_file(t_);
+    if (json_) std::printf("%s\n", json::parse(summary).dump(1).c_str());
     return 0;
   }
 
