@@ -248,8 +248,6 @@ class RouterCollect {
   std::string& model_ = edge_.model;
   std::string& cloud_url_ = cloud_.options.url;
   std::string& api_ = cloud_.options.api;
-  std::string& api_key_ = cloud_.options.api_key;
-  double& timeout_s_ = cloud_.options.timeout_s;
   int& threads_ = edge_.options.context.n_threads;
   std::string cloud_model_, out_, data_, task_ = "wikitext";
   ChatFormFlags chat_;
