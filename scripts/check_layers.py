@@ -6,8 +6,11 @@
 Reads every .h/.cpp/.cc file under DIR/src and DIR/include (default: this repository) and each
 quoted #include in it. An include of "X/..." from a file of layer L is allowed when X is L, or
 L may include X; an include of "tandem/H" when L is the owner of H or may include it. Layers
-marked only-public may include only their own files and include/tandem/. The table's `known`
-lines list today's breaks: a break not listed fails, and so does a listed one that is gone.
+marked only-public may include only their own files and include/tandem/. A public header
+(include/tandem/) includes no outside library: its <...> includes are the standard library's
+(no '/' or '.' in the name), so that no third-party type reaches its callers through it. The
+table's `known` lines list today's breaks: a break not listed fails, and so does a listed one
+that is gone.
 Exit 0 when the tree follows the table, 1 naming each break, 2 for a bad table.
 """
 import argparse
@@ -16,6 +19,12 @@ import re
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+ANGLE_INCLUDE = re.compile(r'^\s*#\s*include\s*<([^>]+)>')
+
+
+def outside_library(include):
+    """Whether an <...> include names an outside library rather than the standard library."""
+    return "/" in include or "." in include
 
 
 class Table:
@@ -98,6 +107,9 @@ def breaks(root, table):
             for line in path.read_text(errors="replace").splitlines():
                 m = INCLUDE.match(line)
                 if m and not table.allows(layer, m.group(1)):
+                    found.add((str(path.relative_to(root)), m.group(1)))
+                m = ANGLE_INCLUDE.match(line)
+                if m and layer == "include" and outside_library(m.group(1)):
                     found.add((str(path.relative_to(root)), m.group(1)))
     return found
 

@@ -2,12 +2,12 @@
 // statistics (accuracy and its 95% interval, paired McNemar tests against local and cloud, the
 // gap recovered and the oracle at the run's own cloud share), results.md, and the plots drawn
 // by gnuplot; and the report of eval --task wikitext. The summaries land in results.json as the
-// CLI writes it.
+// CLI writes it. JSON crosses this header as text, so that its callers need no JSON library's
+// types from it.
 #pragma once
 
 #include <cstdint>
 #include <map>
-#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,24 +69,27 @@ struct ReportTask {
   bool completion_rule = false;  // HumanEval: the completion's tokens, up to its stop sequence
 };
 
-// results["runs"] (a row per run), and with both a local and a cloud run results["gap"] and
-// results["oracle"] (the oracle's curve for the plot).
-void summarize_runs(const std::vector<ReportRun>& runs, const ReportTask& task,
-                    const RunRecords& by_run, nlohmann::json& results);
+// The runs' summaries for results.json, as the text of a JSON object: "runs" (a row per run),
+// and with both a local and a cloud run "gap" and "oracle" (the oracle's curve for the plot).
+// The caller merges its members into results.json's object.
+std::string summarize_runs(const std::vector<ReportRun>& runs, const ReportTask& task,
+                           const RunRecords& by_run);
 
-// out_dir/results.md: the runs' table from summarize_runs' results.
+// out_dir/results.md: the runs' table from `results_json`, the text of results.json (the
+// summaries of summarize_runs merged in).
 void write_results_markdown(const std::string& out_dir, const ReportTask& task,
-                            const nlohmann::json& results);
+                            const std::string& results_json);
 
 // out_dir/pareto.png (accuracy against cloud share, 95% intervals, the oracle's curve) and
 // latency.png (time per answer) through gnuplot, with their .dat files and plots.gp; a warning
 // on stderr when gnuplot fails.
-void plot_results(const std::string& out_dir, const nlohmann::json& results);
+// `results_json`: the text of results.json, as for write_results_markdown.
+void plot_results(const std::string& out_dir, const std::string& results_json);
 
 // eval --task wikitext: out_dir/results.md, and loglik.dat, loglik.gp and (plots: through
 // gnuplot) loglik.png, the gap recovered against cloud share with one line per policy (in
-// `policies`' order) under the oracle's, from the results it wrote to results.json.
-void write_loglik_report(const std::string& out_dir, const nlohmann::json& results,
+// `policies`' order) under the oracle's, from `results_json`, the text it wrote to results.json.
+void write_loglik_report(const std::string& out_dir, const std::string& results_json,
                          const std::vector<std::string>& policies, bool plots);
 
 // Runs `gnuplot 'SCRIPT'` (stderr with stdout); false when it fails. `output`: what it printed.

@@ -147,4 +147,10 @@ class HttpServer {
 // Reason phrase and status line helpers shared by handlers.
 const char* status_reason(int status);
 
+// A JSON answer: `json_text` as the body, with Content-Type: application/json. The one JSON
+// reply of the cloud server and the browser view; each writes the text with its own JSON
+// library, so that this header (which the browser view includes) names none.
+void send_json_text(Responder& responder, int status, std::string json_text,
+                    const HeaderList& headers = {});
+
 }  // namespace tandem::net

@@ -1,6 +1,6 @@
 // A check that runs over client-supplied JSON text before any parser or tree walk sees it.
 //
-// nlohmann's parser keeps its own stack, but copying, dumping and comparing a json value recurse
+// The JSON library's parser keeps its own stack, but copying, dumping and comparing a value recurse
 // once per nesting level, and so does any reader that walks a document: a 200 KB body of nested
 // arrays is enough to overflow a thread's stack. Every document that comes from outside (request
 // bodies on the server and the browser view, cloud answers on the device) passes this check
@@ -19,7 +19,7 @@ namespace tandem {
 // The nesting allowed in a client document: every tandem request or answer needs at most 5.
 inline constexpr int kMaxJsonDepth = 64;
 
-// The most heap a parsed tree (nlohmann::json) takes per value that scan_json_shape counts,
+// The most heap a parsed tree (the JSON library's) takes per value that scan_json_shape counts,
 // measured with g++ 12 / libstdc++ on 64-bit, vector growth included: 17 bytes for a number in
 // an array, 49 for an empty array, 81 for an empty object in an array, 80 for an object's
 // member (key and value). Strings longer than 15 bytes add their own bytes. So the tree built

@@ -63,6 +63,9 @@ class OutcomeProbe {
   OutcomeProbe(const Model& edge, const Model& cloud, int n_ctx, int n_tokens, int n_threads);
   // The cloud elsewhere (or none: measure_answer only).
   OutcomeProbe(const Model& edge, CloudContinuation cloud, int n_ctx, int n_tokens, int n_threads);
+  ~OutcomeProbe();
+  OutcomeProbe(const OutcomeProbe&) = delete;
+  OutcomeProbe& operator=(const OutcomeProbe&) = delete;
   float measure(const std::vector<TokenId>& chunk, int i, TokenId edge_top1, TokenId cloud_top1);
 
   // How an answer is judged, for measure_answer: the answer is the text from chunk position
@@ -82,24 +85,9 @@ class OutcomeProbe {
                        TokenId cloud_top1, const AnswerJudge& judge);
 
  private:
-  // A new chunk: the slots keep only the prefix it shares with the one before.
-  void switch_chunk(const std::vector<TokenId>& chunk);
-  // Makes slot `slot` of ctx hold exactly chunk[0, n) (what it holds past the part shared with
-  // the chunk is dropped).
-  void hold(Context& ctx, int slot, const std::vector<TokenId>& chunk, int n);
-  // Whether a continuation (its tokens so far) may stop early.
-  using StopWhen = std::function<bool(const std::vector<TokenId>&)>;
-  // Greedy continuations, one per slot, each starting with its token in `first` at position
-  // `pos`: n tokens each (the first included), fewer for a slot once `stop` says so.
-  std::vector<std::vector<TokenId>> continue_greedy(Context& ctx, const std::vector<TokenId>& first,
-                                                    int pos, int n, const StopWhen& stop = {});
-  const Model& edge_model_;  // detokenizes answers
-  int n_tokens_;
-  Context edge_;                                  // 2 slots: after the edge's / the cloud's token
-  std::unique_ptr<Context> cloud_;                // a local cloud, or
-  CloudContinuation remote_;                      // one elsewhere
-  std::vector<TokenId> held_;                     // the chunk the slots hold a prefix of
-  int valid_edge_[2] = {0, 0}, valid_cloud_ = 0;  // chunk tokens each slot holds
+  // The two contexts and what they hold, kept in teacher_forced.cpp.
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // The cloud's view of row i (predicting chunk[i + 1]).

@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -39,9 +38,9 @@ struct RouterTraining {
 };
 
 // Reads the traces, trains the router, prints its validation curves on stderr, writes it to
-// training.out and returns the training summary (what the file records as tandem_router.training).
-// Throws tandem::Error naming a bad label, trace or file.
-nlohmann::json train_router_file(const RouterTraining& training);
+// training.out and returns the training summary as JSON text: the very text the file records as
+// tandem_router.training. Throws tandem::Error naming a bad label, trace or file.
+std::string train_router_file(const RouterTraining& training);
 
 // The MLP of a router file; throws tandem::Error naming the file and what is wrong with it.
 std::shared_ptr<const MlpRouterModel> load_router_model(const std::string& path);

@@ -4,17 +4,10 @@
 // decoder for it. Its routes and rules are described in src/ui/ui_server.h.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
-#include <cstdint>
-#include <deque>
+#include <cstddef>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "tandem/client.h"
 #include "tandem/engine.h"
@@ -77,53 +70,10 @@ class UiServer {
   void handle(const net::HttpRequest& request, std::shared_ptr<net::Responder> responder);
 
  private:
-  void route(const net::HttpRequest& request, const std::shared_ptr<net::Responder>& responder);
-  struct Turn {
-    uint64_t id = 0;
-    GenerateRequest request;
-    std::vector<nlohmann::json> events;  // each {"type", ...}; the last of a finished turn is
-                                         // "done" or "error"
-    bool finished = false;
-    std::vector<std::shared_ptr<net::Responder>> streams;
-  };
-
-  void serve_asset(const net::HttpRequest& request, net::Responder& responder) const;
-  void start_turn(const net::HttpRequest& request,
-                  const std::shared_ptr<net::Responder>& responder);
-  void attach(uint64_t turn_id, size_t after, const std::shared_ptr<net::Responder>& responder);
-  nlohmann::json info() const;
-  nlohmann::json turns_json() const;
-
-  void worker_loop();
-  void run_turn(Turn& turn);
-  std::vector<TokenId> turn_context(const GenerateRequest& request) const;
-  // Makes the decoder for the request's settings, reusing the last one when they are the same
-  // (its cloud session and target-rate controller carry over). Returns the cloud line.
-  std::string prepare_decoder(const GenerateRequest& request);
-  // resolve_routing of `spec` over the command line's options; throws tandem::Error.
-  RouterConfig resolved_router(const RoutingSpec& spec) const;
-  void publish(Turn& turn, nlohmann::json event);
-
-  const Model& model_;
-  UiOptions options_;
-  std::vector<std::string> hosts_;  // allowed_hosts(), set before requests are served
-  BackendFactory make_backend_;
-
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::shared_ptr<Turn>> turns_;  // oldest first, at most limits.kept_turns
-  std::shared_ptr<Turn> pending_;            // queued for the worker
-  bool busy_ = false;                        // a turn is queued or running
-  bool quit_ = false;
-  uint64_t next_turn_id_ = 1;
-  std::atomic<bool> stop_requested_{false};
-
-  // Worker thread only.
-  std::unique_ptr<EdgeDecoder> decoder_;
-  std::string decoder_key_, cloud_line_;
-  std::vector<TokenId> conversation_;
-
-  std::thread worker_;
+  // The turns, the worker and the decoder live in ui_server.cpp: their JSON events and threads
+  // are none of the caller's business.
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace tandem::ui

@@ -686,9 +686,10 @@ class EvalCommand : public Command {
       rows.push_back({spec.name, edge_mode_name(spec.mode), spec.target_rate});
     ReportTask t{task.name, {}, shots_, task.kind == TaskKind::Word, task.kind == TaskKind::Code};
     for (const Item& it : task.items) t.item_ids.push_back(it.id);
-    summarize_runs(rows, t, by_run, results);
-    write_results_markdown(out_, t, results);
-    if (!no_plots_) plot_results(out_, results);
+    results.update(json::parse(summarize_runs(rows, t, by_run)));
+    const std::string text = results.dump();
+    write_results_markdown(out_, t, text);
+    if (!no_plots_) plot_results(out_, text);
   }
 
   CloudFlags cloud_;

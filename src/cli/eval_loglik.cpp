@@ -310,7 +310,7 @@ int run_wikitext_eval(const WikitextEvalOptions& o) {
 
   fs::create_directories(o.out_dir);
   std::ofstream(fs::path(o.out_dir) / "results.json") << results.dump(1) << "\n";
-  write_loglik_report(o.out_dir, results, policies.names(), o.plots);
+  write_loglik_report(o.out_dir, results.dump(), policies.names(), o.plots);
   std::fprintf(stderr, "edge NLL %.4f, cloud NLL %.4f, gap %.3f nats; results in %s\n", nll_edge,
                nll_cloud, nll_edge - nll_cloud, o.out_dir.c_str());
   if (o.json) std::printf("%s\n", results.dump(1).c_str());

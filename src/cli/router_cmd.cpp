@@ -248,8 +248,6 @@ class RouterCollect {
   std::string& model_ = edge_.model;
   std::string& cloud_url_ = cloud_.options.url;
   std::string& api_ = cloud_.options.api;
-  std::string& api_key_ = cloud_.options.api_key;
-  double& timeout_s_ = cloud_.options.timeout_s;
   int& threads_ = edge_.options.context.n_threads;
   std::string cloud_model_, out_, data_, task_ = "wikitext";
   ChatFormFlags chat_;
@@ -308,8 +306,8 @@ class RouterTrain {
 
   int run() {
     t_.train.class_weighting = !no_class_weight_;
-    const json summary = router::train_router_file(t_);
-    if (json_) std::printf("%s\n", summary.dump(1).c_str());
+    const std::string summary = router::train_router_file(t_);
+    if (json_) std::printf("%s\n", json::parse(summary).dump(1).c_str());
     return 0;
   }
 

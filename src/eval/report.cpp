@@ -16,6 +16,12 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+// A number of the results' text. JSON has no NaN: the summaries wrote one as null, read back
+// as the NaN it was, so that the report prints "nan" where it did before it read text.
+double number(const json& v) {
+  return v.is_null() ? std::nan("") : v.get<double>();
+}
+
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -185,22 +191,26 @@ std::string paired_cell(const json& row, const char* key) {
   std::string cell = "+";
   cell += std::to_string(p["better"].get<int64_t>());
   cell += "/−" + std::to_string(p["worse"].get<int64_t>());
-  cell += " (" + fmt("%.3g", p["mcnemar_p"].get<double>()) + ")";
+  cell += " (" + fmt("%.3g", number(p["mcnemar_p"])) + ")";
   return cell;
 }
 
 }  // namespace
 
-void summarize_runs(const std::vector<ReportRun>& runs, const ReportTask& task,
-                    const RunRecords& by_run, json& results) {
+std::string summarize_runs(const std::vector<ReportRun>& runs, const ReportTask& task,
+                           const RunRecords& by_run) {
+  json summaries = json::object();
   json table = json::array();
   for (const ReportRun& spec : runs) table.push_back(run_row(spec, task, by_run));
-  if (by_run.count("local") > 0 && by_run.count("cloud") > 0) add_gap(task, by_run, table, results);
-  results["runs"] = table;
+  if (by_run.count("local") > 0 && by_run.count("cloud") > 0)
+    add_gap(task, by_run, table, summaries);
+  summaries["runs"] = table;
+  return summaries.dump();
 }
 
 void write_results_markdown(const std::string& out_dir, const ReportTask& task,
-                            const json& results) {
+                            const std::string& results_json) {
+  const json results = json::parse(results_json);
   std::ofstream md(fs::path(out_dir) / "results.md");
   md << "# " << task.name << ": " << task.item_ids.size() << " items, " << task.shots
      << " shots\n\n";
@@ -213,29 +223,29 @@ void write_results_markdown(const std::string& out_dir, const ReportTask& task,
         "(McNemar p) | KiB up / down per answer | ms per answer |\n";
   md << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto pct = [](const json& r, const char* key, const char* f) {
-    return r.contains(key) ? fmt(f, 100 * r[key].get<double>()) : std::string("–");
+    return r.contains(key) ? fmt(f, 100 * number(r[key])) : std::string("–");
   };
   for (const auto& r : results["runs"]) {
-    const double n = std::max(1.0, r["items"].get<double>());
+    const double n = std::max(1.0, number(r["items"]));
     std::string recovered = pct(r, "gap_recovered", "%.0f%%");
     if (r.contains("gap_recovered_ci95")) {
-      recovered += " (" + fmt("%.0f", 100 * r["gap_recovered_ci95"][0].get<double>()) + "–" +
-                   fmt("%.0f%%", 100 * r["gap_recovered_ci95"][1].get<double>()) + ")";
+      recovered += " (" + fmt("%.0f", 100 * number(r["gap_recovered_ci95"][0])) + "–" +
+                   fmt("%.0f%%", 100 * number(r["gap_recovered_ci95"][1])) + ")";
     }
     std::string oracle = "–";
     if (r.contains("oracle_accuracy")) {
-      oracle = fmt("%.1f%%", 100 * r["oracle_accuracy"].get<double>()) + " (" +
+      oracle = fmt("%.1f%%", 100 * number(r["oracle_accuracy"])) + " (" +
                pct(r, "oracle_gap_recovered", "%.0f%%") + " of the gap)";
     }
     md << "| " << r["run"].get<std::string>() << " | " << pct(r, "accuracy", "%.1f%%") << " | "
-       << fmt("%.1f", 100 * r["ci95"][0].get<double>()) << "–"
-       << fmt("%.1f", 100 * r["ci95"][1].get<double>()) << " | " << pct(r, "cloud_share", "%.1f%%")
-       << " | " << fmt("%.2f", r["route_events"].get<double>() / n) << " | " << recovered << " | "
-       << oracle << " | " << pct(r, "share_of_oracle", "%.0f%%") << " | "
+       << fmt("%.1f", 100 * number(r["ci95"][0])) << "–" << fmt("%.1f", 100 * number(r["ci95"][1]))
+       << " | " << pct(r, "cloud_share", "%.1f%%") << " | "
+       << fmt("%.2f", number(r["route_events"]) / n) << " | " << recovered << " | " << oracle
+       << " | " << pct(r, "share_of_oracle", "%.0f%%") << " | "
        << pct(r, "agreement_with_cloud", "%.1f%%") << " | " << paired_cell(r, "vs_local") << " | "
-       << fmt("%.1f", r["bytes_up"].get<double>() / 1024 / n) << " / "
-       << fmt("%.1f", r["bytes_down"].get<double>() / 1024 / n) << " | "
-       << fmt("%.0f", r["ms_per_answer"].get<double>()) << " |\n";
+       << fmt("%.1f", number(r["bytes_up"]) / 1024 / n) << " / "
+       << fmt("%.1f", number(r["bytes_down"]) / 1024 / n) << " | "
+       << fmt("%.0f", number(r["ms_per_answer"])) << " |\n";
   }
   if (task.word_rule) {
     md << "\nCloud share counts the answer word's tokens only (the word rule, docs/eval.md); "
@@ -246,9 +256,9 @@ void write_results_markdown(const std::string& out_dir, const ReportTask& task,
           "cloud share counts the completion's tokens up to its stop sequence.\n";
   }
   if (results.contains("gap")) {
-    md << "\nLocal " << fmt("%.1f%%", 100 * results["gap"]["local"].get<double>()) << " vs cloud "
-       << fmt("%.1f%%", 100 * results["gap"]["cloud"].get<double>())
-       << ": McNemar p = " << fmt("%.3g", results["gap"]["mcnemar_p"].get<double>())
+    md << "\nLocal " << fmt("%.1f%%", 100 * number(results["gap"]["local"])) << " vs cloud "
+       << fmt("%.1f%%", 100 * number(results["gap"]["cloud"]))
+       << ": McNemar p = " << fmt("%.3g", number(results["gap"]["mcnemar_p"]))
        << (results["gap"]["significant"].get<bool>()
                ? ".\n"
                : " — the pair's accuracy gap is within noise on this task; a 'gap recovered' "
@@ -256,22 +266,21 @@ void write_results_markdown(const std::string& out_dir, const ReportTask& task,
   }
 }
 
-void plot_results(const std::string& out_dir, const json& results) {
+void plot_results(const std::string& out_dir, const std::string& results_json) {
+  const json results = json::parse(results_json);
   const fs::path dir = out_dir;
   {
     std::ofstream dat(dir / "pareto.dat");
     for (const auto& r : results["runs"]) {
-      dat << '"' << r["run"].get<std::string>() << "\" " << 100 * r["cloud_share"].get<double>()
-          << " " << 100 * r["accuracy"].get<double>() << " " << 100 * r["ci95"][0].get<double>()
-          << " " << 100 * r["ci95"][1].get<double>() << " " << r["ms_per_answer"].get<double>()
-          << "\n";
+      dat << '"' << r["run"].get<std::string>() << "\" " << 100 * number(r["cloud_share"]) << " "
+          << 100 * number(r["accuracy"]) << " " << 100 * number(r["ci95"][0]) << " "
+          << 100 * number(r["ci95"][1]) << " " << number(r["ms_per_answer"]) << "\n";
     }
   }
   if (results.contains("oracle")) {
     std::ofstream dat(dir / "oracle.dat");
     for (const auto& p : results["oracle"]["curve"]) {
-      dat << 100 * p["cloud_share"].get<double>() << " " << 100 * p["accuracy"].get<double>()
-          << "\n";
+      dat << 100 * number(p["cloud_share"]) << " " << 100 * number(p["accuracy"]) << "\n";
     }
   }
   std::ofstream gp(dir / "plots.gp");
@@ -319,12 +328,13 @@ bool run_gnuplot(const std::string& script, std::string& output) {
   return (p ? pclose(p) : -1) == 0;
 }
 
-void write_loglik_report(const std::string& out_dir, const json& results,
+void write_loglik_report(const std::string& out_dir, const std::string& results_json,
                          const std::vector<std::string>& policies, bool plots) {
+  const json results = json::parse(results_json);
   const json& rows = results["routes"];
   const json& curve = results["oracle_curve"];
-  const double nll_edge = results["edge"]["nll"].get<double>();
-  const double nll_cloud = results["cloud"]["nll"].get<double>();
+  const double nll_edge = number(results["edge"]["nll"]);
+  const double nll_cloud = number(results["cloud"]["nll"]);
   std::ofstream md(fs::path(out_dir) / "results.md");
   md << "# WikiText-2: teacher-forced log-likelihood under routing\n\nCommand: `"
      << results["command"].get<std::string>() << "`\n\n"
@@ -339,28 +349,27 @@ void write_loglik_report(const std::string& out_dir, const json& results,
         "|\n|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows) {
     md << "| " << r["policy"].get<std::string>() << " | "
-       << fmt("%.0f%%", 100 * r["target"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["share"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["windows_within_1pt"].get<double>())
-       << fmt(" (%.1f)", 100 * r["max_window_deviation"].get<double>()) << " | "
-       << fmt("%.4f", r["nll"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["gap_recovered"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["hindsight_threshold_gap_recovered"].get<double>()) << " | "
-       << fmt("%.1f%%", 100 * r["oracle_gap_recovered"].get<double>()) << " | "
-       << fmt("%.0f%%", 100 * r["of_oracle"].get<double>()) << " |\n";
+       << fmt("%.0f%%", 100 * number(r["target"])) << " | "
+       << fmt("%.1f%%", 100 * number(r["share"])) << " | "
+       << fmt("%.1f%%", 100 * number(r["windows_within_1pt"]))
+       << fmt(" (%.1f)", 100 * number(r["max_window_deviation"])) << " | "
+       << fmt("%.4f", number(r["nll"])) << " | " << fmt("%.1f%%", 100 * number(r["gap_recovered"]))
+       << " | " << fmt("%.1f%%", 100 * number(r["hindsight_threshold_gap_recovered"])) << " | "
+       << fmt("%.1f%%", 100 * number(r["oracle_gap_recovered"])) << " | "
+       << fmt("%.0f%%", 100 * number(r["of_oracle"])) << " |\n";
   }
   // Gap recovered against share: one line per policy, the oracle above them.
   {
     std::ofstream dat(fs::path(out_dir) / "loglik.dat");
     for (const auto& c : curve)
-      dat << "oracle " << 100 * c["share"].get<double>() << " "
-          << 100 * c["gap_recovered"].get<double>() << "\n";
+      dat << "oracle " << 100 * number(c["share"]) << " " << 100 * number(c["gap_recovered"])
+          << "\n";
     for (const auto& p : policies) {
       dat << "\n\n";
       for (const auto& r : rows) {
         if (r["policy"] == p)
-          dat << p << " " << 100 * r["share"].get<double>() << " "
-              << 100 * r["gap_recovered"].get<double>() << "\n";
+          dat << p << " " << 100 * number(r["share"]) << " " << 100 * number(r["gap_recovered"])
+              << "\n";
       }
     }
     std::ofstream gp(fs::path(out_dir) / "loglik.gp");

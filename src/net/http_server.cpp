@@ -62,6 +62,11 @@ const char* status_reason(int status) {
   }
 }
 
+void send_json_text(Responder& responder, int status, std::string json_text,
+                    const HeaderList& headers) {
+  responder.send(status, "application/json", std::move(json_text), headers);
+}
+
 namespace {
 
 std::string head(int status, const std::string& content_type, const HeaderList& headers,
@@ -332,9 +337,9 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>>, publ
     try {
       shared_->handler(req, responder);
     } catch (const std::exception& e) {
-      responder->send(500, "application/json",
-                      std::string("{\"error\":{\"code\":\"internal\",\"message\":\"") +
-                          "the handler failed\"}}");
+      send_json_text(*responder, 500,
+                     std::string("{\"error\":{\"code\":\"internal\",\"message\":\"") +
+                         "the handler failed\"}}");
     }
   }
 

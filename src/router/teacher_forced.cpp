@@ -18,26 +18,65 @@ int common_subsequence(const std::vector<TokenId>& a, const std::vector<TokenId>
   return row[b.size()];
 }
 
+struct OutcomeProbe::Impl {
+  Impl(const Model& edge, int n_ctx, int n_tokens, int n_threads)
+      : edge_model_(edge),
+        n_tokens_(n_tokens),
+        edge_(edge, {.n_ctx = n_ctx + n_tokens, .n_seq = 2, .n_threads = n_threads}) {
+    if (n_tokens < 1) throw Error("the outcome continuation needs at least one token");
+  }
+
+  float measure(const std::vector<TokenId>& chunk, int i, TokenId edge_top1, TokenId cloud_top1);
+  float measure_answer(const std::vector<TokenId>& chunk, int i, TokenId edge_top1,
+                       TokenId cloud_top1, const AnswerJudge& judge);
+
+  // A new chunk: the slots keep only the prefix it shares with the one before.
+  void switch_chunk(const std::vector<TokenId>& chunk);
+  // Makes slot `slot` of ctx hold exactly chunk[0, n) (what it holds past the part shared with
+  // the chunk is dropped).
+  void hold(Context& ctx, int slot, const std::vector<TokenId>& chunk, int n);
+  // Whether a continuation (its tokens so far) may stop early.
+  using StopWhen = std::function<bool(const std::vector<TokenId>&)>;
+  // Greedy continuations, one per slot, each starting with its token in `first` at position
+  // `pos`: n tokens each (the first included), fewer for a slot once `stop` says so.
+  std::vector<std::vector<TokenId>> continue_greedy(Context& ctx, const std::vector<TokenId>& first,
+                                                    int pos, int n, const StopWhen& stop = {});
+
+  const Model& edge_model_;  // detokenizes answers
+  int n_tokens_;
+  Context edge_;                                  // 2 slots: after the edge's / the cloud's token
+  std::unique_ptr<Context> cloud_;                // a local cloud, or
+  CloudContinuation remote_;                      // one elsewhere
+  std::vector<TokenId> held_;                     // the chunk the slots hold a prefix of
+  int valid_edge_[2] = {0, 0}, valid_cloud_ = 0;  // chunk tokens each slot holds
+};
+
 OutcomeProbe::OutcomeProbe(const Model& edge, const Model& cloud, int n_ctx, int n_tokens,
                            int n_threads)
-    : edge_model_(edge),
-      n_tokens_(n_tokens),
-      edge_(edge, {.n_ctx = n_ctx + n_tokens, .n_seq = 2, .n_threads = n_threads}),
-      cloud_(std::make_unique<Context>(
-          cloud, ContextParams{.n_ctx = n_ctx + n_tokens, .n_seq = 1, .n_threads = n_threads})) {
-  if (n_tokens < 1) throw Error("the outcome continuation needs at least one token");
+    : impl_(std::make_unique<Impl>(edge, n_ctx, n_tokens, n_threads)) {
+  impl_->cloud_ = std::make_unique<Context>(
+      cloud, ContextParams{.n_ctx = n_ctx + n_tokens, .n_seq = 1, .n_threads = n_threads});
 }
 
 OutcomeProbe::OutcomeProbe(const Model& edge, CloudContinuation cloud, int n_ctx, int n_tokens,
                            int n_threads)
-    : edge_model_(edge),
-      n_tokens_(n_tokens),
-      edge_(edge, {.n_ctx = n_ctx + n_tokens, .n_seq = 2, .n_threads = n_threads}),
-      remote_(std::move(cloud)) {
-  if (n_tokens < 1) throw Error("the outcome continuation needs at least one token");
+    : impl_(std::make_unique<Impl>(edge, n_ctx, n_tokens, n_threads)) {
+  impl_->remote_ = std::move(cloud);
 }
 
-void OutcomeProbe::hold(Context& ctx, int slot, const std::vector<TokenId>& chunk, int n) {
+OutcomeProbe::~OutcomeProbe() = default;
+
+float OutcomeProbe::measure(const std::vector<TokenId>& chunk, int i, TokenId edge_top1,
+                            TokenId cloud_top1) {
+  return impl_->measure(chunk, i, edge_top1, cloud_top1);
+}
+
+float OutcomeProbe::measure_answer(const std::vector<TokenId>& chunk, int i, TokenId edge_top1,
+                                   TokenId cloud_top1, const AnswerJudge& judge) {
+  return impl_->measure_answer(chunk, i, edge_top1, cloud_top1, judge);
+}
+
+void OutcomeProbe::Impl::hold(Context& ctx, int slot, const std::vector<TokenId>& chunk, int n) {
   int& valid = &ctx == cloud_.get() ? valid_cloud_ : valid_edge_[slot];
   valid = std::min(valid, n);
   ctx.truncate(slot, valid);
@@ -51,10 +90,8 @@ void OutcomeProbe::hold(Context& ctx, int slot, const std::vector<TokenId>& chun
   }
 }
 
-std::vector<std::vector<TokenId>> OutcomeProbe::continue_greedy(Context& ctx,
-                                                                const std::vector<TokenId>& first,
-                                                                int pos, int n,
-                                                                const StopWhen& stop) {
+std::vector<std::vector<TokenId>> OutcomeProbe::Impl::continue_greedy(
+    Context& ctx, const std::vector<TokenId>& first, int pos, int n, const StopWhen& stop) {
   std::vector<std::vector<TokenId>> out;
   for (TokenId t : first) out.push_back({t});
   std::vector<bool> done(out.size(), false);
@@ -76,7 +113,7 @@ std::vector<std::vector<TokenId>> OutcomeProbe::continue_greedy(Context& ctx,
   return out;
 }
 
-void OutcomeProbe::switch_chunk(const std::vector<TokenId>& chunk) {
+void OutcomeProbe::Impl::switch_chunk(const std::vector<TokenId>& chunk) {
   if (chunk == held_) return;
   size_t shared = 0;
   while (shared < chunk.size() && shared < held_.size() && chunk[shared] == held_[shared]) ++shared;
@@ -86,8 +123,9 @@ void OutcomeProbe::switch_chunk(const std::vector<TokenId>& chunk) {
   held_ = chunk;
 }
 
-float OutcomeProbe::measure_answer(const std::vector<TokenId>& chunk, int i, TokenId edge_top1,
-                                   TokenId cloud_top1, const AnswerJudge& judge) {
+float OutcomeProbe::Impl::measure_answer(const std::vector<TokenId>& chunk, int i,
+                                         TokenId edge_top1, TokenId cloud_top1,
+                                         const AnswerJudge& judge) {
   if (edge_top1 == cloud_top1) return 0.0f;
   if (i + 1 < judge.answer_from) throw Error("measure_answer: position before the answer");
   switch_chunk(chunk);
@@ -109,8 +147,8 @@ float OutcomeProbe::measure_answer(const std::vector<TokenId>& chunk, int i, Tok
   return static_cast<float>(routed - own);
 }
 
-float OutcomeProbe::measure(const std::vector<TokenId>& chunk, int i, TokenId edge_top1,
-                            TokenId cloud_top1) {
+float OutcomeProbe::Impl::measure(const std::vector<TokenId>& chunk, int i, TokenId edge_top1,
+                                  TokenId cloud_top1) {
   if (edge_top1 == cloud_top1) return 0.0f;
   if (!cloud_ && !remote_) throw Error("the outcome probe has no cloud to continue with");
   switch_chunk(chunk);

@@ -2,6 +2,7 @@
 // its training summary out, the validation curves printed on stderr.
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "common/error.h"
@@ -95,7 +96,7 @@ json summary_json(const RouterTraining& t, const LabelSpec& label, const Dataset
 
 }  // namespace
 
-json train_router_file(const RouterTraining& t) {
+std::string train_router_file(const RouterTraining& t) {
   LabelSpec label;
   try {
     label = parse_label(t.label);
@@ -133,7 +134,7 @@ json train_router_file(const RouterTraining& t) {
   info.training_json = summary.dump();
   save_router(t.out, r.model, info);
   std::fprintf(stderr, "[train] wrote %s\n", t.out.c_str());
-  return summary;
+  return info.training_json;
 }
 
 std::shared_ptr<const MlpRouterModel> load_router_model(const std::string& path) {

@@ -55,8 +55,8 @@ int64_t unix_now() {
 }
 
 void send_json(Responder& res, int status, const json& body, const HeaderList& headers) {
-  res.send(status, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace),
-           headers);
+  net::send_json_text(res, status, body.dump(-1, ' ', false, json::error_handler_t::replace),
+                      headers);
 }
 
 void send_error(Responder& res, const ApiError& e) {
@@ -410,7 +410,7 @@ void Api::Impl::tokenize(const HttpRequest& req, Responder& res) {
   out += tokens_json(tok, ids, with_pieces);
   out += ",\"vocab_hash\":" + json(vocab_hash).dump();
   out += '}';
-  res.send(200, "application/json", std::move(out));
+  net::send_json_text(res, 200, std::move(out));
 }
 
 void Api::Impl::detokenize(const HttpRequest& req, Responder& res) {

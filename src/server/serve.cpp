@@ -123,10 +123,10 @@ ApiOptions api_options_for(ServeOptions& o) {
 void answer_loading(const HttpRequest& req, Responder& res, Metrics& metrics) {
   const bool health = req.path == "/health";
   metrics.count_request(health ? "/health" : "other", 503);
-  res.send(503, "application/json",
-           health ? "{\"status\":\"loading model\"}"
-                  : "{\"error\":{\"code\":\"unavailable\",\"message\":\"loading model\"}}",
-           {{"Retry-After", "1"}});
+  const char* body = health
+                         ? "{\"status\":\"loading model\"}"
+                         : "{\"error\":{\"code\":\"unavailable\",\"message\":\"loading model\"}}";
+  net::send_json_text(res, 503, body, {{"Retry-After", "1"}});
 }
 
 }  // namespace

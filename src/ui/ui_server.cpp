@@ -1,12 +1,19 @@
 #include "ui/ui_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include <boost/asio/ip/address.hpp>
 
@@ -28,9 +35,8 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-void send_json(Responder& responder, int status, const json& body,
-               const net::HeaderList& headers = {}) {
-  responder.send(status, "application/json", dump(body), headers);
+void send_json(Responder& responder, int status, const json& body) {
+  net::send_json_text(responder, status, dump(body));
 }
 
 void send_error(Responder& responder, int status, const std::string& code,
@@ -342,7 +348,78 @@ std::string sse_event(std::string_view type, uint64_t id, const json& data) {
 
 // ---- UiServer ----
 
+struct UiServer::Impl {
+  struct Turn {
+    uint64_t id = 0;
+    GenerateRequest request;
+    std::vector<json> events;  // each {"type", ...}; the last of a finished turn is "done" or
+                               // "error"
+    bool finished = false;
+    std::vector<std::shared_ptr<Responder>> streams;
+  };
+
+  Impl(const Model& edge_model, UiOptions options, BackendFactory make_backend);
+  ~Impl();  // stops a running turn and joins the worker
+
+  void route(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  void serve_asset(const HttpRequest& request, Responder& responder) const;
+  void start_turn(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  void attach(uint64_t turn_id, size_t after, const std::shared_ptr<Responder>& responder);
+  json info() const;
+  json turns_json() const;
+
+  void worker_loop();
+  void run_turn(Turn& turn);
+  std::vector<TokenId> turn_context(const GenerateRequest& request) const;
+  // Makes the decoder for the request's settings, reusing the last one when they are the same
+  // (its cloud session and target-rate controller carry over). Returns the cloud line.
+  std::string prepare_decoder(const GenerateRequest& request);
+  // resolve_routing of `spec` over the command line's options; throws tandem::Error.
+  RouterConfig resolved_router(const RoutingSpec& spec) const;
+  void publish(Turn& turn, json event);
+
+  const Model& model_;
+  UiOptions options_;
+  std::vector<std::string> hosts_;  // allowed_hosts(), set before requests are served
+  BackendFactory make_backend_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Turn>> turns_;  // oldest first, at most limits.kept_turns
+  std::shared_ptr<Turn> pending_;            // queued for the worker
+  bool busy_ = false;                        // a turn is queued or running
+  bool quit_ = false;
+  uint64_t next_turn_id_ = 1;
+  std::atomic<bool> stop_requested_{false};
+
+  // Worker thread only.
+  std::unique_ptr<EdgeDecoder> decoder_;
+  std::string decoder_key_, cloud_line_;
+  std::vector<TokenId> conversation_;
+
+  std::thread worker_;
+};
+
 UiServer::UiServer(const Model& edge_model, UiOptions options, BackendFactory make_backend)
+    : impl_(std::make_unique<Impl>(edge_model, std::move(options), std::move(make_backend))) {}
+
+UiServer::~UiServer() = default;
+
+void UiServer::set_address(const std::string& bind_host, int port) {
+  impl_->options_.bind_host = bind_host;
+  impl_->options_.port = port;
+  impl_->hosts_ = allowed_hosts(port, bind_host);
+}
+
+void UiServer::handle(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  const auto secure = std::make_shared<SecureResponder>(std::move(responder));
+  if (const std::string refused = request_refusal(request, impl_->hosts_); !refused.empty()) {
+    return send_error(*secure, 403, "forbidden", refused);
+  }
+  impl_->route(request, secure);
+}
+
+UiServer::Impl::Impl(const Model& edge_model, UiOptions options, BackendFactory make_backend)
     : model_(edge_model),
       options_(std::move(options)),
       hosts_(allowed_hosts(options_.port, options_.bind_host)),
@@ -351,13 +428,7 @@ UiServer::UiServer(const Model& edge_model, UiOptions options, BackendFactory ma
   worker_ = std::thread([this] { worker_loop(); });
 }
 
-void UiServer::set_address(const std::string& bind_host, int port) {
-  options_.bind_host = bind_host;
-  options_.port = port;
-  hosts_ = allowed_hosts(port, bind_host);
-}
-
-UiServer::~UiServer() {
+UiServer::Impl::~Impl() {
   {
     std::lock_guard lock(mutex_);
     quit_ = true;
@@ -367,15 +438,8 @@ UiServer::~UiServer() {
   worker_.join();
 }
 
-void UiServer::handle(const HttpRequest& request, std::shared_ptr<Responder> responder) {
-  const auto secure = std::make_shared<SecureResponder>(std::move(responder));
-  if (const std::string refused = request_refusal(request, hosts_); !refused.empty()) {
-    return send_error(*secure, 403, "forbidden", refused);
-  }
-  route(request, secure);
-}
-
-void UiServer::route(const HttpRequest& request, const std::shared_ptr<Responder>& responder) {
+void UiServer::Impl::route(const HttpRequest& request,
+                           const std::shared_ptr<Responder>& responder) {
   const std::string& path = request.path;
   if (path.rfind("/api/", 0) != 0) {
     if (request.method != "GET") {
@@ -415,7 +479,7 @@ void UiServer::route(const HttpRequest& request, const std::shared_ptr<Responder
   send_error(*responder, 404, "not_found", "no endpoint " + path);
 }
 
-void UiServer::serve_asset(const HttpRequest& request, Responder& responder) const {
+void UiServer::Impl::serve_asset(const HttpRequest& request, Responder& responder) const {
   const EmbeddedAsset* asset = find_asset(request.path);
   if (!asset) return send_error(responder, 404, "not_found", "no page " + request.path);
   // no-cache: a rebuilt binary's page is picked up on reload.
@@ -423,7 +487,7 @@ void UiServer::serve_asset(const HttpRequest& request, Responder& responder) con
                  {{"Cache-Control", "no-cache"}});
 }
 
-json UiServer::info() const {
+json UiServer::Impl::info() const {
   const GenerateRequest& d = options_.defaults;
   json defaults = {{"mode", edge_mode_name(d.mode)},
                    {"policy", page_policy_name(d.router)},
@@ -449,7 +513,7 @@ json UiServer::info() const {
           {"turn", turns_.empty() ? json(nullptr) : json(turns_.back()->id)}};
 }
 
-json UiServer::turns_json() const {
+json UiServer::Impl::turns_json() const {
   std::lock_guard lock(mutex_);
   json out = json::array();
   for (const auto& t : turns_) {
@@ -458,7 +522,8 @@ json UiServer::turns_json() const {
   return {{"busy", busy_}, {"turns", out}};
 }
 
-void UiServer::start_turn(const HttpRequest& request, const std::shared_ptr<Responder>& responder) {
+void UiServer::Impl::start_turn(const HttpRequest& request,
+                                const std::shared_ptr<Responder>& responder) {
   GenerateRequest parsed;
   try {
     parsed = parse_generate_request(request.body, options_.defaults, options_.limits);
@@ -491,7 +556,8 @@ void UiServer::start_turn(const HttpRequest& request, const std::shared_ptr<Resp
   wake_.notify_all();
 }
 
-void UiServer::attach(uint64_t turn_id, size_t after, const std::shared_ptr<Responder>& responder) {
+void UiServer::Impl::attach(uint64_t turn_id, size_t after,
+                            const std::shared_ptr<Responder>& responder) {
   std::lock_guard lock(mutex_);
   std::shared_ptr<Turn> turn;
   for (const auto& t : turns_) {
@@ -508,7 +574,7 @@ void UiServer::attach(uint64_t turn_id, size_t after, const std::shared_ptr<Resp
   turn->streams.push_back(responder);
 }
 
-void UiServer::publish(Turn& turn, json event) {
+void UiServer::Impl::publish(Turn& turn, json event) {
   const std::string type = event["type"].get<std::string>();
   const bool last = type == "done" || type == "error";
   // The event joins the log and the streams are listed under the lock; the writes happen outside
@@ -540,7 +606,7 @@ void UiServer::publish(Turn& turn, json event) {
   }
 }
 
-void UiServer::worker_loop() {
+void UiServer::Impl::worker_loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
     wake_.wait(lock, [&] { return quit_ || pending_; });
@@ -566,13 +632,13 @@ void UiServer::worker_loop() {
   }
 }
 
-RouterConfig UiServer::resolved_router(const RoutingSpec& spec) const {
+RouterConfig UiServer::Impl::resolved_router(const RoutingSpec& spec) const {
   EdgeOptions o = options_.edge;
   resolve_routing(spec, model_, options_.model_path, o);
   return o.router;
 }
 
-std::string UiServer::prepare_decoder(const GenerateRequest& r) {
+std::string UiServer::Impl::prepare_decoder(const GenerateRequest& r) {
   const RouterConfig& rc = r.router;
   const std::string key = edge_mode_name(r.mode) + "|" + router_policy_name(rc.policy) + "|" +
                           std::to_string(rc.threshold) + "|" +
@@ -594,7 +660,7 @@ std::string UiServer::prepare_decoder(const GenerateRequest& r) {
 // A continued turn appends the new text to the whole conversation so far (the cloud session
 // receives only the new tokens); otherwise the prompt starts a conversation of its own. In chat
 // form the new text is a user turn in the model's template (after the close of the last answer).
-std::vector<TokenId> UiServer::turn_context(const GenerateRequest& r) const {
+std::vector<TokenId> UiServer::Impl::turn_context(const GenerateRequest& r) const {
   const bool cont = r.continue_conversation && !conversation_.empty();
   std::vector<TokenId> context = cont ? conversation_ : std::vector<TokenId>{};
   std::vector<TokenId> more;
@@ -612,7 +678,7 @@ std::vector<TokenId> UiServer::turn_context(const GenerateRequest& r) const {
   return context;
 }
 
-void UiServer::run_turn(Turn& turn) {
+void UiServer::Impl::run_turn(Turn& turn) {
   const GenerateRequest& r = turn.request;
   const std::string cloud_line = prepare_decoder(r);
 

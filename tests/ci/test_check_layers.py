@@ -59,6 +59,13 @@ class RealTree(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn('src/cli/main.cpp: includes "runtime/generate.h"', out)
 
+    def test_a_public_header_includes_no_outside_library(self):
+        path = self.root / "include" / "tandem" / "eval_report.h"
+        path.write_text(path.read_text() + "\n#include <nlohmann/json_fwd.hpp>\n")
+        rc, out = check(self.root)
+        self.assertEqual(rc, 1, out)
+        self.assertIn('include/tandem/eval_report.h: includes "nlohmann/json_fwd.hpp"', out)
+
     def test_highway_only_in_the_kernels(self):
         self.plant("src/router/mlp.cpp", "hwy/highway.h")
         rc, out = check(self.root)

@@ -148,8 +148,7 @@ TEST(EvalReport, NoRouteRowExceedsItsOracle) {
         by_run[run.name][id] = rec;
       }
     }
-    nlohmann::json results;
-    summarize_runs(runs, task, by_run, results);
+    const auto results = nlohmann::json::parse(summarize_runs(runs, task, by_run));
     for (const auto& row : results["runs"]) {
       if (row["mode"] != "route") continue;
       ASSERT_LE(row["accuracy"].get<double>(), row["oracle_accuracy"].get<double>() + 1e-12)
@@ -178,8 +177,7 @@ TEST(EvalReport, OracleChargesOneTokenPerFixedAnswer) {
       by_run[run.name][id] = rec;
     }
   }
-  nlohmann::json results;
-  summarize_runs(runs, task, by_run, results);
+  const auto results = nlohmann::json::parse(summarize_runs(runs, task, by_run));
   const auto& route = results["runs"][2];
   EXPECT_DOUBLE_EQ(route["accuracy"].get<double>(), 0.25);
   EXPECT_DOUBLE_EQ(route["oracle_accuracy"].get<double>(), 0.25) << "10 tokens fix 10 answers";
