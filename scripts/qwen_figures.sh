@@ -14,14 +14,17 @@
 #              the ARC dev files, all items, the same runs as csqa (the router trained on
 #              CommonsenseQA train, applied as it ships)                -> $OUT/TASK-dev
 # Env: TANDEM_BUILD (default build), OUT (default eval-out/qwen), THREADS (default 2; the cloud
-# gets the same), RATES (default 0.07), POLICIES (default confidence), MODES (csqa; default
-# local,cloud,route: a run already in the out folder is kept, so the stage may be split).
+# gets the same), RATES (default 0.07: the heuristics' target shares), ROUTER_RATES (the shipped
+# router's, default RATES), POLICIES (default confidence; "," for none), MODES (default
+# local,cloud,route: a run already in the out folder is kept, so a stage may be split and its
+# report rebuilt from the item logs by running it again with every rate and policy).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${TANDEM_BUILD:-$ROOT/build}
 OUT=${OUT:-$ROOT/eval-out/qwen}
 T=${THREADS:-2}
 RATES=${RATES:-0.07}
+ROUTER_RATES=${ROUTER_RATES:-$RATES}
 POLICIES=${POLICIES:-confidence}
 MODES=${MODES:-local,cloud,route}
 STAGES=("$@")
@@ -55,11 +58,11 @@ for stage in "${STAGES[@]}"; do
       ;;
     csqa)
       qwen_eval csqa "$OUT/csqa-dev" --modes "$MODES" --policy "$POLICIES" \
-        --rates "$RATES" --router "$ROUTER@$RATES"
+        --rates "$RATES" --router "$ROUTER@$ROUTER_RATES"
       ;;
     arc-challenge | arc-easy)
       qwen_eval "$stage" "$OUT/$stage-dev" --modes "$MODES" --policy "$POLICIES" \
-        --rates "$RATES" --router "$ROUTER@$RATES"
+        --rates "$RATES" --router "$ROUTER@$ROUTER_RATES"
       ;;
     *)
       echo "qwen_figures.sh: unknown stage '$stage'" >&2
