@@ -82,8 +82,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   void close() noexcept override {
     if (session_.empty()) return;
     try {
-      http_.request("DELETE", std::string(protocol::kSessionPrefix) + session_, "",
-                    milliseconds(1000), cloud::kAnswerFixedBytes);
+      http_.request("DELETE", session_path(), "", milliseconds(1000), cloud::kAnswerFixedBytes);
     } catch (...) {
     }
     drop_session();
@@ -93,7 +92,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     if (session_.empty()) return;
     // On the open keep-alive connection only; with none (the last step failed or was cut) the
     // session is left to expire on the server rather than paying a connect now.
-    http_.send_last("DELETE", std::string(protocol::kSessionPrefix) + session_, milliseconds(200));
+    http_.send_last("DELETE", session_path(), milliseconds(200));
     drop_session();
   }
 
@@ -220,7 +219,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       const std::string what = "cloud step at position " + std::to_string(from);
       net::HttpResponse r;
       try {
-        r = send("POST", std::string(protocol::kSessionPrefix) + session_ + protocol::kStep,
+        r = send("POST", session_path() + protocol::kStep,
                  step_body(history, op, mirror_.size(), rewind_pending_).dump(), step_cap(op));
       } catch (const CloudError&) {
         // Unknown outcome: the server applied all of the step or none of it.
@@ -386,6 +385,9 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
     open_session();
     count_replay(n);
   }
+
+  // The open session's resource: /tandem/v1/sessions/{id}.
+  std::string session_path() const { return std::string(protocol::kSessionPrefix) + session_; }
 
   void drop_session() {
     session_.clear();
