@@ -1,5 +1,19 @@
 // An HTTP/1.1 server on Boost.Beast/Asio: asynchronous, so hundreds of idle keep-alive
 // connections cost a socket and a small buffer each, not a thread; optional TLS (OpenSSL).
+// The server owns its I/O loop and the threads that run it (HttpServerOptions::io_threads), and
+// reads its TLS certificate and key from files: this header names no outside library.
+//
+//   tandem::net::HttpServerOptions options;
+//   options.port = 0;  // any free port
+//   tandem::net::HttpServer server(options, [](const tandem::net::HttpRequest& request,
+//                                              std::shared_ptr<tandem::net::Responder> res) {
+//     res->send(200, "text/plain", "hello " + request.path);
+//   });
+//   server.on_stop_signal([&server](int) { server.stop(); });  // SIGINT or SIGTERM
+//   server.start();  // listens and starts the I/O threads
+//   std::printf("port %d\n", server.port());
+//   server.stop();   // normally from the signal handler
+//   server.wait();   // until the I/O threads have returned
 //
 // The handler runs on an I/O thread and answers through a Responder, now or later from any thread
 // (the model's engine thread answers when a job is done). A Responder can send one whole
@@ -15,14 +29,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
-
-namespace boost::asio {
-class io_context;
-namespace ssl {
-class context;
-}
-}  // namespace boost::asio
 
 namespace tandem::net {
 
@@ -95,7 +103,10 @@ struct HttpServerOptions {
   // An answer piece this small into an empty queue is taken whatever the bounds say, so that
   // errors and short answers never fail for them.
   size_t small_answer_bytes = 16u << 10;
-  boost::asio::ssl::context* ssl = nullptr;  // TLS when set
+  // TLS (OpenSSL): both or neither, PEM files read by start(); empty: plain HTTP.
+  std::string tls_cert_file;  // the certificate chain
+  std::string tls_key_file;   // its private key
+  int io_threads = 2;         // threads that run the server's I/O loop (handlers run on them)
   // Added to the answers the server gives itself, before any handler runs (413 for a body over
   // the limit, 400 for a malformed request): `tandem ui` passes its security headers here.
   HeaderList own_answer_headers;
@@ -127,10 +138,13 @@ struct ConnectionCounters {
 class HttpServer {
  public:
   // `counters` (optional) gets the connection gauge and the refusals, timeouts and drops.
-  HttpServer(boost::asio::io_context& io, const HttpServerOptions& options, HttpHandler handler,
+  HttpServer(const HttpServerOptions& options, HttpHandler handler,
              ConnectionCounters* counters = nullptr);
+  // Stops the I/O loop and waits for its threads (never from one of them). What the handler kept
+  // of a request (a Responder) must be let go before: its connection lives on the server's loop.
   ~HttpServer();
-  // Binds and listens; throws tandem::Error naming the address when it cannot.
+  // Reads the TLS files (when set), binds, listens and starts options.io_threads threads on the
+  // I/O loop. Throws tandem::Error naming the address, or the file and what is wrong with it.
   void start();
   int port() const;  // the bound port (useful with port 0)
   void stop_accepting();
@@ -138,9 +152,19 @@ class HttpServer {
   // answer is written. Then waits (at most `timeout_s`) until no connection has an answer
   // pending; false when some still had.
   bool finish_answers(double timeout_s);
+  // `handler(signal)` runs once, on an I/O thread, when the process gets SIGINT or SIGTERM (from
+  // this call on, until the server stops). Usually it stops accepting, then stop()s.
+  void on_stop_signal(std::function<void(int)> handler);
+  // Stops the I/O loop: its threads return once their current handler does; work still queued is
+  // dropped. Any thread, a handler's included; returns at once.
+  void stop();
+  // Until the I/O threads have returned (after stop()). Not from an I/O thread.
+  void wait();
 
  private:
+  struct Loop;  // the I/O loop, its threads and the signal watch
   struct Impl;
+  std::unique_ptr<Loop> loop_;  // declared first: outlives what runs on it
   std::shared_ptr<Impl> impl_;
 };
 
@@ -152,5 +176,12 @@ const char* status_reason(int status);
 // library, so that this header (which the browser view includes) names none.
 void send_json_text(Responder& responder, int status, std::string json_text,
                     const HeaderList& headers = {});
+
+// The one shape of an error answer, the cloud server's, the browser view's and this server's own:
+// {"error":{"code":CODE,"message":MESSAGE,...}} as JSON text. `extra_members` (JSON text of an
+// object, or empty) adds members to the error object, such as {"field":"n_predict"}; members are
+// written in key order, and bytes of invalid UTF-8 in any string become U+FFFD.
+std::string error_json(std::string_view code, std::string_view message,
+                       std::string_view extra_members = {});
 
 }  // namespace tandem::net

@@ -60,12 +60,12 @@ struct ServeOptions {
   // Credentials (docs/server.md, "Keys, sessions and fairness"): --api-key (client 'default'),
   // --api-key-file, --admin-key (client 'admin'); none: every caller is one anonymous client.
   std::string api_key, api_key_file, admin_key;
-  std::string ssl_cert, ssl_key;  // TLS: both or neither (PEM files)
-  net::HttpServerOptions http;    // http.ssl is set by serve from ssl_cert and ssl_key
+  // --host, --port, the connection limits, --http-threads (http.io_threads), and TLS from
+  // --ssl-cert and --ssl-key (http.tls_cert_file, http.tls_key_file: both or neither).
+  net::HttpServerOptions http;
   // A per-key quota of 0 becomes the total with one client, else a quarter of it.
   SchedulerOptions scheduler;
-  ApiSettings api;  // an empty model_name becomes the model file's stem
-  int http_threads = 2;
+  ApiSettings api;              // an empty model_name becomes the model file's stem
   double drain_timeout_s = 30;  // SIGTERM lets running work finish this long; then 503
   bool repack = true;           // LoadOptions::repack
 };

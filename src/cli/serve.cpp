@@ -71,8 +71,8 @@ class ServeCommand : public Command {
 
   // HTTPS instead of HTTP: both or neither (server::serve checks).
   void add_tls_flags() {
-    sub_->add_option("--ssl-cert", o_.ssl_cert, "TLS certificate chain (PEM)");
-    sub_->add_option("--ssl-key", o_.ssl_key, "TLS private key (PEM)");
+    sub_->add_option("--ssl-cert", o_.http.tls_cert_file, "TLS certificate chain (PEM)");
+    sub_->add_option("--ssl-key", o_.http.tls_key_file, "TLS private key (PEM)");
   }
 
   // What the engine holds at once: context, sessions, stateless slots, KV cache, batch, queue.
@@ -167,7 +167,7 @@ class ServeCommand : public Command {
     sub_->add_option("-t,--threads", o_.scheduler.n_threads, "Engine threads (default: all cores)")
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     add_kv_cache_flags(sub_, o_.scheduler.type_k, o_.scheduler.type_v);
-    sub_->add_option("--http-threads", o_.http_threads, "I/O threads")
+    sub_->add_option("--http-threads", o_.http.io_threads, "I/O threads")
         ->check(CLI::Range(1, 64))
         ->capture_default_str();
     sub_->add_option(

@@ -1,13 +1,11 @@
 // tandem ui: a browser view of routing. Serves a page (embedded in the binary) on 127.0.0.1 that
 // sends prompts to the edge decoder of `tandem run` (same flags) and shows the answer streaming
 // token by token, cloud tokens marked, with the router's scores and live stats.
-#include <utility>  // before Boost 1.74's asio (std::exchange)
-
 #include <algorithm>
-#include <boost/asio.hpp>
 #include <cstdio>
 #include <filesystem>
-#include <thread>
+#include <memory>
+#include <utility>
 
 #include "cli/commands.h"
 #include "cli/edge_flags.h"
@@ -18,8 +16,6 @@
 
 namespace tandem::cli {
 namespace {
-
-namespace asio = boost::asio;
 
 constexpr double kUiDefaultTargetRate = 0.07;
 
@@ -81,35 +77,34 @@ class UiCommand : public Command {
     o.model_name = std::filesystem::path(flags_.edge.model).filename().string();
     o.cloud_url = flags_.cloud.options.url;
     o.cloud_api = flags_.cloud.options.api;
-    // The I/O context outlives the UI server: the server's open streams hold connections.
-    asio::io_context io;
     const CloudOptions& cloud = flags_.cloud.options;
     const Model& small = *model;
-    ui::UiServer ui(small, o, [&cloud, &small]() -> std::unique_ptr<CloudBackend> {
-      if (cloud.url.empty()) return nullptr;
-      return make_cloud_backend(cloud, small);
-    });
-    net::HttpServer http(io, http_,
+    auto ui = std::make_unique<ui::UiServer>(small, o,
+                                             [&cloud, &small]() -> std::unique_ptr<CloudBackend> {
+                                               if (cloud.url.empty()) return nullptr;
+                                               return make_cloud_backend(cloud, small);
+                                             });
+    http_.io_threads = 2;
+    net::HttpServer http(http_,
                          [&ui](const net::HttpRequest& req, std::shared_ptr<net::Responder> res) {
-                           ui.handle(req, std::move(res));
+                           ui->handle(req, std::move(res));
                          });
     http.start();
-    ui.set_address(http_.host, http.port());  // the Host/Origin allowlist needs the bound port
+    ui->set_address(http_.host, http.port());  // the Host/Origin allowlist needs the bound port
     std::fprintf(stderr, "tandem ui: open http://%s:%d/ (edge %s, cloud %s)\n", http_.host.c_str(),
                  http.port(), o.model_name.c_str(),
                  o.cloud_url.empty() ? "none: local only" : o.cloud_url.c_str());
     std::fflush(stderr);
 
-    asio::signal_set signals(io, SIGINT, SIGTERM);
-    signals.async_wait([&](const boost::system::error_code& ec, int) {
-      if (ec) return;
+    http.on_stop_signal([&http](int) {
       std::fprintf(stderr, "tandem ui: stopping\n");
       http.stop_accepting();
-      io.stop();
+      http.stop();
     });
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 2; ++i) threads.emplace_back([&] { io.run(); });
-    for (auto& t : threads) t.join();
+    http.wait();
+    // The UI server goes before the HTTP server: its open streams hold connections, which live
+    // on the server's I/O loop.
+    ui.reset();
     return 0;
   }
 

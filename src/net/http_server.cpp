@@ -11,13 +11,19 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "net/connection_ledger.h"
 #include "tandem/error.h"
@@ -155,9 +161,10 @@ struct Shared {
   ConnectionCounters* const counters;
   AddressTable addresses;
   ConnectionLedger ledger;
-  std::atomic<int64_t> open{0};      // connections
-  std::atomic<int64_t> busy{0};      // connections with a request being answered
-  std::atomic<bool> closing{false};  // shutdown: no more keep-alive
+  std::unique_ptr<asio::ssl::context> tls;  // set by start() before the first connection
+  std::atomic<int64_t> open{0};             // connections
+  std::atomic<int64_t> busy{0};             // connections with a request being answered
+  std::atomic<bool> closing{false};         // shutdown: no more keep-alive
 };
 
 // What the peer of a socket did, seen without reading: nothing, sent bytes, or hung up (shut
@@ -295,8 +302,8 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>>, publ
     if (ec == http::error::body_limit) {
       keep_alive_ = false;
       respond_now(413,
-                  "{\"error\":{\"code\":\"too_large\",\"message\":\"the request body is over " +
-                      std::to_string(options_.max_body_bytes) + " bytes\"}}");
+                  error_json("too_large", "the request body is over " +
+                                              std::to_string(options_.max_body_bytes) + " bytes"));
       return;
     }
     if (ec == http::error::header_limit || ec == http::error::bad_target ||
@@ -305,9 +312,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>>, publ
         ec == http::error::bad_chunk || ec == http::error::bad_content_length ||
         ec == http::error::bad_transfer_encoding || ec == http::error::bad_line_ending) {
       keep_alive_ = false;
-      respond_now(400,
-                  "{\"error\":{\"code\":\"bad_request\",\"message\":\"malformed HTTP request: " +
-                      ec.message() + "\"}}");
+      respond_now(400, error_json("bad_request", "malformed HTTP request: " + ec.message()));
       return;
     }
     // A deadline passed (slowloris: too slow to be worth an answer), end of stream, reset.
@@ -337,9 +342,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>>, publ
     try {
       shared_->handler(req, responder);
     } catch (const std::exception& e) {
-      send_json_text(*responder, 500,
-                     std::string("{\"error\":{\"code\":\"internal\",\"message\":\"") +
-                         "the handler failed\"}}");
+      send_json_text(*responder, 500, error_json("internal", "the handler failed"));
     }
   }
 
@@ -530,15 +533,14 @@ class Connection<Stream>::ConnResponder : public Responder {
     const bool own = why == Admit::OverConnection;
     const size_t cap =
         own ? conn_->options().max_write_queue_bytes : conn_->options().max_write_total_bytes;
-    std::string body = "{\"error\":{\"code\":\"";
-    body += own ? "too_large" : "unavailable";
-    body += "\",\"message\":\"the answer (";
-    body += std::to_string(size);
-    body += own ? " bytes) is over the bytes one client may have queued ("
-                : " bytes) does not fit: answers waiting for slow clients fill the server's "
-                  "bytes for all clients (";
-    body += std::to_string(cap);
-    body += own ? "); ask for less\"}}" : "); retry later\"}}";
+    std::string message = "the answer (";
+    message += std::to_string(size);
+    message += own ? " bytes) is over the bytes one client may have queued ("
+                   : " bytes) does not fit: answers waiting for slow clients fill the server's "
+                     "bytes for all clients (";
+    message += std::to_string(cap);
+    message += own ? "); ask for less" : "); retry later";
+    const std::string body = error_json(own ? "too_large" : "unavailable", message);
     HeaderList headers;
     if (!own) headers.push_back({"Retry-After", "1"});
     const std::string len = std::to_string(body.size());
@@ -556,7 +558,7 @@ class Connection<Stream>::ConnResponder : public Responder {
 // A refusal written straight to a fresh socket (it fits the socket's buffer; never blocks), then
 // the socket is closed.
 void refuse(tcp::socket& socket, const std::string& message) {
-  const std::string body = "{\"error\":{\"code\":\"unavailable\",\"message\":\"" + message + "\"}}";
+  const std::string body = error_json("unavailable", message);
   const std::string bytes =
       "HTTP/1.1 503 Service Unavailable\r\nServer: tandem\r\nRetry-After: 1\r\n"
       "Content-Type: application/json\r\nContent-Length: " +
@@ -568,7 +570,54 @@ void refuse(tcp::socket& socket, const std::string& message) {
   socket.close(ec);
 }
 
+// A TLS file that cannot be read, named with the reason (OpenSSL's own says "system lib").
+void check_readable(const std::string& what, const std::string& file) {
+  std::FILE* f = std::fopen(file.c_str(), "rb");
+  if (!f) throw Error(what + " '" + file + "': " + std::strerror(errno));
+  std::fclose(f);
+}
+
+// What is wrong with a TLS file, in words, OpenSSL's reason kept.
+std::string tls_problem(const beast::error_code& ec, const std::string& expected) {
+  const std::string why = ec.message();
+  if (why == "no start line" || why == "unsupported")
+    return "not a PEM " + expected + " (OpenSSL: " + why + ")";
+  if (why == "key values mismatch")
+    return "not the key of the certificate chain (OpenSSL: " + why + ")";
+  return why;
+}
+
+// The TLS context of options.tls_cert_file and tls_key_file (null without them): TLS 1.2 and
+// later, the chain and the key as PEM.
+std::unique_ptr<asio::ssl::context> load_tls(const HttpServerOptions& o) {
+  if (o.tls_cert_file.empty() && o.tls_key_file.empty()) return nullptr;
+  if (o.tls_cert_file.empty() || o.tls_key_file.empty())
+    throw Error("TLS needs both a certificate chain and a private key file");
+  auto tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+  tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                   asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                   asio::ssl::context::no_tlsv1_1);
+  const std::string cert = "TLS certificate chain", key = "TLS private key";
+  beast::error_code ec;
+  check_readable(cert, o.tls_cert_file);
+  tls->use_certificate_chain_file(o.tls_cert_file, ec);
+  if (ec) throw Error(cert + " '" + o.tls_cert_file + "': " + tls_problem(ec, "certificate"));
+  check_readable(key, o.tls_key_file);
+  tls->use_private_key_file(o.tls_key_file, asio::ssl::context::pem, ec);
+  if (ec) throw Error(key + " '" + o.tls_key_file + "': " + tls_problem(ec, "private key"));
+  return tls;
+}
+
 }  // namespace
+
+// The I/O loop: its context, the threads that run it and the watch for SIGINT and SIGTERM.
+struct HttpServer::Loop {
+  asio::io_context io;
+  // Keeps run() going while nothing is pending (after stop_accepting, between requests).
+  asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
+  std::optional<asio::signal_set> signals;
+  std::vector<std::thread> threads;
+};
 
 struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   Impl(asio::io_context& io, const HttpServerOptions& o, HttpHandler h, ConnectionCounters* m)
@@ -610,9 +659,9 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
     ++shared->open;
     if (shared->counters) ++shared->counters->connections;
     socket.set_option(tcp::no_delay(true), ec);
-    if (options.ssl) {
+    if (shared->tls) {
       using S = beast::ssl_stream<beast::tcp_stream>;
-      std::make_shared<Connection<S>>(S(beast::tcp_stream(std::move(socket)), *options.ssl), shared,
+      std::make_shared<Connection<S>>(S(beast::tcp_stream(std::move(socket)), *shared->tls), shared,
                                       std::move(address))
           ->start();
     } else {
@@ -628,15 +677,23 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   tcp::acceptor acceptor;
 };
 
-HttpServer::HttpServer(asio::io_context& io, const HttpServerOptions& options, HttpHandler handler,
+HttpServer::HttpServer(const HttpServerOptions& options, HttpHandler handler,
                        ConnectionCounters* counters)
-    : impl_(std::make_shared<Impl>(io, options, std::move(handler), counters)) {}
+    : loop_(std::make_unique<Loop>()),
+      impl_(std::make_shared<Impl>(loop_->io, options, std::move(handler), counters)) {}
 
 HttpServer::~HttpServer() {
   stop_accepting();
+  stop();
+  wait();
+  loop_->signals.reset();
+  // impl_ goes next, then the loop: the context destroys the handlers still queued on it (and the
+  // connections they hold) while it can.
+  impl_.reset();
 }
 
 void HttpServer::start() {
+  impl_->shared->tls = load_tls(impl_->options);
   beast::error_code ec;
   const auto address = asio::ip::make_address(impl_->options.host, ec);
   if (ec) throw Error("--host '" + impl_->options.host + "' is not an IP address: " + ec.message());
@@ -651,11 +708,30 @@ void HttpServer::start() {
                 std::to_string(impl_->options.port) + ": " + ec.message());
   }
   impl_->accept();
+  const int threads = std::max(1, impl_->options.io_threads);
+  for (int i = 0; i < threads; ++i) loop_->threads.emplace_back([&io = loop_->io] { io.run(); });
 }
 
 int HttpServer::port() const {
   beast::error_code ec;
   return impl_->acceptor.local_endpoint(ec).port();
+}
+
+void HttpServer::on_stop_signal(std::function<void(int)> handler) {
+  loop_->signals.emplace(loop_->io, SIGINT, SIGTERM);
+  loop_->signals->async_wait(
+      [handler = std::move(handler)](const beast::error_code& ec, int signal) {
+        if (!ec) handler(signal);
+      });
+}
+
+void HttpServer::stop() {
+  loop_->io.stop();
+}
+
+void HttpServer::wait() {
+  for (auto& t : loop_->threads)
+    if (t.joinable()) t.join();
 }
 
 void HttpServer::stop_accepting() {

@@ -42,10 +42,10 @@ json top_json(const std::vector<TopEntry>& top) {
 // ---------------------------------------------------------------------------------------------
 // Answers
 
-json error_body(const std::string& code, const std::string& message, const json& extra) {
-  json e = {{"code", code}, {"message", message}};
-  if (extra.is_object()) e.update(extra);
-  return {{"error", e}};
+std::string error_body(const std::string& code, const std::string& message, const json& extra) {
+  const bool more = extra.is_object() && !extra.empty();
+  return net::error_json(code, message,
+                         more ? extra.dump(-1, ' ', false, json::error_handler_t::replace) : "");
 }
 
 int64_t unix_now() {
@@ -67,11 +67,15 @@ void send_error(Responder& res, const ApiError& e) {
     const bool known = it != e.extra.end() && it->is_number_integer();
     h.push_back({"Retry-After", known ? std::to_string(it->get<int64_t>()) : "1"});
   }
-  send_json(res, e.status, error_body(e.code, e.what(), e.extra), h);
+  net::send_json_text(res, e.status, error_body(e.code, e.what(), e.extra), h);
 }
 
 std::string sse(const json& j) {
-  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  return sse_text(j.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+std::string sse_text(const std::string& json_text) {
+  return "data: " + json_text + "\n\n";
 }
 
 // Records the status of every answer for /metrics.

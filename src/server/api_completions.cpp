@@ -173,7 +173,7 @@ class CompletionJob : public Job {
     const int status =
         failure == JobFailure::NoMemory || failure == JobFailure::Draining ? 503 : 500;
     if (streamed_) {
-      res_->write(sse(error_body(status == 503 ? "unavailable" : "internal", message)));
+      res_->write(sse_text(error_body(status == 503 ? "unavailable" : "internal", message)));
       res_->end();
     } else {
       send_error(*res_, ApiError(status, status == 503 ? "unavailable" : "internal", message));

@@ -77,10 +77,12 @@ json top_json(const std::vector<TopEntry>& top);  // [{"id", "logprob"}...]
 // ---------------------------------------------------------------------------------------------
 // Answers (api.cpp)
 
-json error_body(const std::string& code, const std::string& message, const json& extra = {});
+// {"error": {"code", "message", ...extra}} as JSON text (net::error_json, the browser view's too).
+std::string error_body(const std::string& code, const std::string& message, const json& extra = {});
 void send_json(Responder& res, int status, const json& body, const HeaderList& headers = {});
 void send_error(Responder& res, const ApiError& e);  // with Retry-After on 429 and 503
 std::string sse(const json& j);                      // one server-sent event: "data: ...\n\n"
+std::string sse_text(const std::string& json_text);  // the same of JSON text
 int64_t unix_now();
 
 // The completion dialects, named by the route table (api.cpp) and read and written by

@@ -1,16 +1,12 @@
 // The serve loop of `tandem serve` (tandem/server.h): credentials, TLS, the HTTP server, the model
 // loaded behind a 503 /health, and the drain on SIGTERM.
-#include <utility>  // before Boost 1.74's asio (std::exchange)
-
 #include <algorithm>
 #include <atomic>
-#include <boost/asio.hpp>
-#include <boost/asio/ssl.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <thread>
-#include <vector>
+#include <utility>
 
 #include "server/api.h"
 #include "server/metrics.h"
@@ -20,8 +16,6 @@
 
 namespace tandem::server {
 namespace {
-
-namespace asio = boost::asio;
 
 // Credentials from --api-key, --api-key-file and --admin-key, and the per-client quotas that
 // follow from how many clients there are.
@@ -55,21 +49,6 @@ void describe_keys(const ApiOptions& api, const SchedulerOptions& sched) {
                "jobs; others' idle sessions are safe from eviction for %g s\n",
                keys.client_count(), keys.has_admin() ? " and an admin key" : ", no admin key",
                sessions, queue, sched.evict_grace_s);
-}
-
-// The TLS context of --ssl-cert and --ssl-key (null without them).
-std::unique_ptr<asio::ssl::context> make_ssl(const ServeOptions& o) {
-  if (o.ssl_cert.empty()) return nullptr;
-  auto ssl = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
-  ssl->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
-                   asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
-                   asio::ssl::context::no_tlsv1_1);
-  boost::system::error_code ec;
-  ssl->use_certificate_chain_file(o.ssl_cert, ec);
-  if (ec) throw Error("--ssl-cert '" + o.ssl_cert + "': " + ec.message());
-  ssl->use_private_key_file(o.ssl_key, asio::ssl::context::pem, ec);
-  if (ec) throw Error("--ssl-key '" + o.ssl_key + "': " + ec.message());
-  return ssl;
 }
 
 // What answers requests once the model is loaded.
@@ -123,58 +102,46 @@ ApiOptions api_options_for(ServeOptions& o) {
 void answer_loading(const HttpRequest& req, Responder& res, Metrics& metrics) {
   const bool health = req.path == "/health";
   metrics.count_request(health ? "/health" : "other", 503);
-  const char* body = health
-                         ? "{\"status\":\"loading model\"}"
-                         : "{\"error\":{\"code\":\"unavailable\",\"message\":\"loading model\"}}";
-  net::send_json_text(res, 503, body, {{"Retry-After", "1"}});
+  std::string body =
+      health ? "{\"status\":\"loading model\"}" : net::error_json("unavailable", "loading model");
+  net::send_json_text(res, 503, std::move(body), {{"Retry-After", "1"}});
 }
 
 }  // namespace
 
-// Longer than most: one I/O context, its threads and the signal handler share the locals here,
-// in the order they must be built and torn down (metrics before the context, the API reset only
+// Longer than most: the HTTP server's I/O threads and its signal handler share the locals here,
+// in the order they must be built and torn down (metrics before the server, the API reset only
 // after the I/O threads have stopped).
 int serve(ServeOptions o) {
   const ApiOptions api_options = api_options_for(o);
-  if (o.ssl_cert.empty() != o.ssl_key.empty()) {
+  if (o.http.tls_cert_file.empty() != o.http.tls_key_file.empty()) {
     throw Error("TLS needs both --ssl-cert and --ssl-key");
   }
 
-  // Declared before the I/O context: handlers that the context destroys last still count
-  // connections and requests in it.
+  // Declared before the server (and its I/O loop): handlers that the loop destroys last still
+  // count connections and requests in it.
   Metrics metrics;
-  asio::io_context io;
-  const std::unique_ptr<asio::ssl::context> ssl = make_ssl(o);
-  if (ssl) o.http.ssl = ssl.get();
-
   std::atomic<Api*> api{nullptr};
   net::HttpServer server(
-      io, o.http,
+      o.http,
       [&](const HttpRequest& req, std::shared_ptr<Responder> res) {
         if (Api* a = api.load()) return a->handle(req, std::move(res));
         answer_loading(req, *res, metrics);
       },
       &metrics);
-  server.start();
-  const char* scheme = ssl ? "https" : "http";
+  server.start();  // reads the TLS files; I/O threads answer /health (503) while the model loads
+  const char* scheme = o.http.tls_cert_file.empty() ? "http" : "https";
   std::fprintf(stderr, "tandem serve: listening on %s://%s:%d\n", scheme, o.http.host.c_str(),
                server.port());
   std::fflush(stderr);
-
-  // I/O threads answer /health (503) while the model loads.
-  auto work = asio::make_work_guard(io);
-  std::vector<std::thread> io_threads;
-  for (int i = 0; i < o.http_threads; ++i) io_threads.emplace_back([&] { io.run(); });
 
   Loaded loaded;
   const int rc = load(o, api_options, metrics, api, loaded) ? 0 : 1;
 
   // SIGTERM/SIGINT: stop accepting, let queued and running work finish for at most
   // --drain-timeout (then it is answered 503), let the answers go out, exit 0.
-  asio::signal_set signals(io, SIGINT, SIGTERM);
   std::thread drainer;
-  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-    if (ec) return;
+  server.on_stop_signal([&](int sig) {
     std::fprintf(stderr, "tandem serve: signal %d, draining (at most %.1f s)\n", sig,
                  o.drain_timeout_s);
     std::fflush(stderr);
@@ -189,15 +156,11 @@ int serve(ServeOptions o) {
       if (!server.finish_answers(5.0)) {
         std::fprintf(stderr, "tandem serve: some answers were not written within 5 s\n");
       }
-      work.reset();
-      io.stop();
+      server.stop();
     });
   });
-  if (rc != 0) {
-    work.reset();
-    io.stop();
-  }
-  for (auto& t : io_threads) t.join();
+  if (rc != 0) server.stop();
+  server.wait();
   if (drainer.joinable()) drainer.join();
   api.store(nullptr);
   loaded.api.reset();

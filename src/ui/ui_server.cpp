@@ -41,9 +41,8 @@ void send_json(Responder& responder, int status, const json& body) {
 
 void send_error(Responder& responder, int status, const std::string& code,
                 const std::string& message, const std::string& field = "") {
-  json e = {{"code", code}, {"message", message}};
-  if (!field.empty()) e["field"] = field;
-  send_json(responder, status, {{"error", e}});
+  const std::string extra = field.empty() ? std::string() : dump({{"field", field}});
+  net::send_json_text(responder, status, net::error_json(code, message, extra));
 }
 
 // The page's policies: the heuristics, and "router" for the command line's trained router.

@@ -3,21 +3,19 @@
 // connections); then the handler behind a real HTTP server on 127.0.0.1, attacked as a
 // DNS-rebinding or cross-site page would (wrong Host, foreign Origin, deep JSON) while a
 // legitimate request still works. The browser test (test_ui_browser.py) covers the real page.
-#include <utility>  // before Boost 1.74's asio (std::exchange)
-
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <utility>
 
 #include "common/testdata.h"
 #include "tandem/client.h"
@@ -621,20 +619,19 @@ class UiSocketTest : public UiServerTest {
     o.max_body_bytes = 64 * 1024;                   // as tandem ui sets it
     o.own_answer_headers = ui::security_headers();  // likewise
     http_ = std::make_unique<net::HttpServer>(
-        io_, o, [this](const net::HttpRequest& req, std::shared_ptr<net::Responder> res) {
+        o, [this](const net::HttpRequest& req, std::shared_ptr<net::Responder> res) {
           ui_->handle(req, std::move(res));
         });
     http_->start();
     port_ = http_->port();
     ui_->set_address("127.0.0.1", port_);
-    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
   }
   void TearDown() override {
     http_->stop_accepting();
-    io_.stop();
-    for (auto& t : threads_) t.join();
+    http_->stop();
+    http_->wait();
+    ui_.reset();  // before the server: its open streams hold connections on the server's loop
     http_.reset();
-    ui_.reset();
   }
 
   std::string own() const { return "127.0.0.1:" + std::to_string(port_); }
@@ -667,10 +664,8 @@ class UiSocketTest : public UiServerTest {
     EXPECT_EQ(header("referrer-policy"), "no-referrer") << label;
   }
 
-  boost::asio::io_context io_;
   std::unique_ptr<UiServer> ui_;
   std::unique_ptr<net::HttpServer> http_;
-  std::vector<std::thread> threads_;
   int port_ = 0;
 };
 
