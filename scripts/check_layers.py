@@ -8,7 +8,9 @@ quoted #include in it. An include of "X/..." from a file of layer L is allowed w
 L may include X; an include of "tandem/H" when L is the owner of H or may include it. Layers
 marked only-public may include only their own files and include/tandem/. A public header
 (include/tandem/) includes no outside library: its <...> includes are the standard library's
-(no '/' or '.' in the name), so that no third-party type reaches its callers through it. The
+(no '/' or '.' in the name), so that no third-party type reaches its callers through it; nor does
+it declare an outside library's namespace at file scope (a forward declaration such as
+`namespace boost::asio { class io_context; }`) or alias one: only tandem's and std's. The
 table's `known` lines list today's breaks: a break not listed fails, and so does a listed one
 that is gone.
 Exit 0 when the tree follows the table, 1 naming each break, 2 for a bad table.
@@ -20,11 +22,42 @@ import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 ANGLE_INCLUDE = re.compile(r'^\s*#\s*include\s*<([^>]+)>')
+# Comments and string and character literals, blanked before namespaces are looked for.
+NOT_CODE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+# A brace, or a namespace opened (`namespace a::b {`) or aliased (`namespace x = a::b;`).
+NAMESPACE_OR_BRACE = re.compile(
+    r'[{}]|\bnamespace\s+([A-Za-z_]\w*(?:\s*::\s*(?:inline\s+)?[A-Za-z_]\w*)*)\s*'
+    r'(?:\{|=\s*(?:::\s*)?([A-Za-z_]\w*(?:\s*::\s*[A-Za-z_]\w*)*))')
+OWN_NAMESPACES = {"tandem", "std"}
 
 
 def outside_library(include):
     """Whether an <...> include names an outside library rather than the standard library."""
     return "/" in include or "." in include
+
+
+def outside_namespaces(text):
+    """The namespaces other than tandem's and std's that `text` opens at file scope (a forward
+    declaration of an outside library's type) or aliases anywhere, as written."""
+    code = NOT_CODE.sub(" ", text)
+    found, depth = [], 0
+    for m in NAMESPACE_OR_BRACE.finditer(code):
+        if m.group(0) == "}":
+            depth = max(0, depth - 1)
+            continue
+        if m.group(0) == "{":
+            depth += 1
+            continue
+        name = re.sub(r"\s+", "", m.group(1)).replace("::inline", "::")
+        if m.group(2):  # an alias: what it names counts, wherever it is
+            target = re.sub(r"\s+", "", m.group(2))
+            if target.split("::", 1)[0] not in OWN_NAMESPACES:
+                found.append(name + " = " + target)
+            continue
+        if depth == 0 and name.split("::", 1)[0] not in OWN_NAMESPACES:
+            found.append(name)
+        depth += 1
+    return found
 
 
 class Table:
@@ -104,7 +137,11 @@ def breaks(root, table):
             if layer != "include" and layer not in table.may:
                 found.add((str(path.relative_to(root)), f"(no layer '{layer}' in the table)"))
                 continue
-            for line in path.read_text(errors="replace").splitlines():
+            text = path.read_text(errors="replace")
+            if layer == "include":
+                for name in outside_namespaces(text):
+                    found.add((str(path.relative_to(root)), "namespace " + name))
+            for line in text.splitlines():
                 m = INCLUDE.match(line)
                 if m and not table.allows(layer, m.group(1)):
                     found.add((str(path.relative_to(root)), m.group(1)))
@@ -129,6 +166,10 @@ def main(argv):
     new = sorted(found - table.known)
     gone = sorted(table.known - found)
     for f, inc in new:
+        if inc.startswith("namespace "):
+            print(f"{f}: declares {inc}, an outside library's: a public header names none "
+                  "(src/layers.txt)", file=sys.stderr)
+            continue
         print(f"{f}: includes \"{inc}\", which its layer may not (src/layers.txt)", file=sys.stderr)
     for f, inc in gone:
         print(f"{f}: the known break \"{inc}\" is gone: remove its line from {table_path.name}",

@@ -1,5 +1,6 @@
 """scripts/check_layers.py: the real tree follows src/layers.txt, and a planted include that goes
-up, sideways or past the public API fails the check, naming the file and the include."""
+up, sideways or past the public API fails the check, naming the file and the include; so does a
+public header that declares an outside library's namespace."""
 import pathlib
 import shutil
 import subprocess
@@ -31,6 +32,10 @@ class RealTree(unittest.TestCase):
         path = self.root / rel
         path.write_text(path.read_text() + f'\n#include "{include}"\n')
 
+    def plant_public(self, text):
+        path = self.root / "include" / "tandem" / "eval_report.h"
+        path.write_text(path.read_text() + "\n" + text)
+
     def test_the_tree_follows_the_table(self):
         rc, out = check(ROOT)
         self.assertEqual(rc, 0, out)
@@ -60,11 +65,30 @@ class RealTree(unittest.TestCase):
         self.assertIn('src/cli/main.cpp: includes "runtime/generate.h"', out)
 
     def test_a_public_header_includes_no_outside_library(self):
-        path = self.root / "include" / "tandem" / "eval_report.h"
-        path.write_text(path.read_text() + "\n#include <nlohmann/json_fwd.hpp>\n")
+        self.plant_public("#include <nlohmann/json_fwd.hpp>\n")
         rc, out = check(self.root)
         self.assertEqual(rc, 1, out)
         self.assertIn('include/tandem/eval_report.h: includes "nlohmann/json_fwd.hpp"', out)
+
+    def test_a_public_header_declares_no_outside_namespace(self):
+        # A forward declaration needs no include, yet names the library to every caller.
+        self.plant_public("namespace boost::asio {\nclass io_context;\n}  // namespace boost\n")
+        rc, out = check(self.root)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("include/tandem/eval_report.h: declares namespace boost::asio", out)
+
+    def test_a_public_header_aliases_no_outside_namespace(self):
+        self.plant_public("namespace tandem {\nnamespace js = nlohmann;\n}\n")
+        rc, out = check(self.root)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("declares namespace js = nlohmann", out)
+
+    def test_namespaces_inside_tandem_and_in_comments_pass(self):
+        self.plant_public("// namespace boost { class io_context; }\n"
+                          "namespace tandem {\nnamespace detail {\nstruct X;\n}\n}  // namespace tandem\n"
+                          "namespace std {\ntemplate <class T> struct hash;\n}\n")
+        rc, out = check(self.root)
+        self.assertEqual(rc, 0, out)
 
     def test_highway_only_in_the_kernels(self):
         self.plant("src/router/mlp.cpp", "hwy/highway.h")
