@@ -13,6 +13,13 @@
 #     arc-challenge, arc-easy
 #              the ARC dev files, all items, the same runs as csqa (the router trained on
 #              CommonsenseQA train, applied as it ships)                -> $OUT/TASK-dev
+#     choose-lambada
+#              LAMBADA *training* passages 0-199, the 0.5B alone, asked plain (the passage) and
+#              as a chat turn: which form the lambada stage uses     -> $OUT/choose-lambada-*
+#     lambada  LAMBADA's held-out half, passages 2576-5152, zero-shot and plain: local, cloud,
+#              route at $RATES for $POLICIES (no router: the one trained for this pair on
+#              passages 0-2575 validated below the heuristics, docs/router.md)
+#                                                                        -> $OUT/lambada-heldout
 # Env: TANDEM_BUILD (default build), OUT (default eval-out/qwen), THREADS (default 2; the cloud
 # gets the same), RATES (default 0.07: the heuristics' target shares), ROUTER_RATES (the shipped
 # router's, default RATES), POLICIES (default confidence; "," for none), MODES (default
@@ -50,6 +57,14 @@ qwen_eval() {
     -t "$T" --out "$out" "$@"
 }
 
+# lambada_eval OUTDIR ITEMS [more flags]: LAMBADA as docs/eval.md asks it (zero-shot, plain).
+lambada_eval() {
+  local out=$1 items=$2
+  shift 2
+  echo "+ tandem eval --task lambada -m $EDGE --cloud $URL --items $items -t $T --out $out $*" >&2
+  "$TANDEM" eval --task lambada -m "$EDGE" --cloud "$URL" --items "$items" -t "$T" --out "$out" "$@"
+}
+
 for stage in "${STAGES[@]}"; do
   case $stage in
     choose)
@@ -63,6 +78,14 @@ for stage in "${STAGES[@]}"; do
     arc-challenge | arc-easy)
       qwen_eval "$stage" "$OUT/$stage-dev" --modes "$MODES" --policy "$POLICIES" \
         --rates "$RATES" --router "$ROUTER@$ROUTER_RATES"
+      ;;
+    choose-lambada)
+      lambada_eval "$OUT/choose-lambada-plain" 0-199 --modes local
+      lambada_eval "$OUT/choose-lambada-chat" 0-199 --modes local --chat
+      ;;
+    lambada)
+      lambada_eval "$OUT/lambada-heldout" 2576-5152 --modes "$MODES" --policy "$POLICIES" \
+        --rates "$RATES"
       ;;
     *)
       echo "qwen_figures.sh: unknown stage '$stage'" >&2

@@ -18,6 +18,7 @@ import struct
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold
+from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -49,10 +50,11 @@ def read_trace(path):
                 continue
             scalars = [entropy, margin, np.log1p(pos + 1), k]
             rows.append(np.concatenate([feats[:top_k], scalars, feats[top_k:]]))
-            labels.append(edge_top1 != true_tok and cloud_top1 == true_tok)
+            labels.append((edge_top1 != true_tok and cloud_top1 == true_tok, edge_top1 != cloud_top1))
             groups.append(seq)
         off += 8
-    return np.array(rows, dtype=np.float32), np.array(labels), np.array(groups)
+    labels = np.array(labels).reshape(-1, 2)
+    return np.array(rows, dtype=np.float32), labels[:, 0], labels[:, 1], np.array(groups)
 
 
 def recall_at(score, y, share):
@@ -66,28 +68,44 @@ def main():
     ap.add_argument("--extra", help="a second trace added to every training fold")
     ap.add_argument("--extra-weight", type=float, default=0.2)
     ap.add_argument("--C", type=float, default=0.001, help="inverse L2 strength, all features")
+    ap.add_argument("--learn", choices=("fixes", "disagree"), default="fixes",
+                    help="what the models are fitted to (recall is always of the fixes): the "
+                         "label itself, or where the two top-1s differ")
+    ap.add_argument("--mlp", type=int, default=0,
+                    help="also an MLP with one hidden layer this wide (sklearn, L2 1.0, early "
+                         "stopping), on all features")
     a = ap.parse_args()
-    x, y, g = read_trace(a.trace)
+    x, y, disagree, g = read_trace(a.trace)
+    target = y if a.learn == "fixes" else disagree
     print(f"{a.trace}: {len(y)} positions in {len(set(g))} sequences, {100 * y.mean():.1f}% fixes")
     for name, col, sign in (("confidence", 0, -1), ("entropy", 8, 1), ("margin", 9, -1)):
         score = sign * (np.exp(x[:, 0]) if col == 0 else x[:, col])
-        print(f"{name:>28}: " + "  ".join(f"{100 * s:.0f}%: {100 * recall_at(score, y, s):.1f}%"
+        print(f"{name:>40}: " + "  ".join(f"{100 * s:.0f}%: {100 * recall_at(score, y, s):.1f}%"
                                           for s in SHARES))
     extra = read_trace(a.extra) if a.extra else None
-    for name, cols, c in (("scalars", slice(0, N_SCALARS), 1.0), ("scalars + hidden", slice(None), a.C)):
+    models = [("logistic, scalars", slice(0, N_SCALARS), lambda: LogisticRegression(C=1.0, max_iter=3000)),
+              ("logistic, scalars + hidden", slice(None), lambda: LogisticRegression(C=a.C, max_iter=3000))]
+    if a.mlp:
+        models.append((f"MLP {a.mlp}, scalars + hidden", slice(None), lambda: MLPClassifier(
+            (a.mlp,), alpha=1.0, max_iter=300, early_stopping=True, random_state=1)))
+    for name, cols, make in models:
         got = {s: [] for s in SHARES}
         for train, test in GroupKFold(5).split(x, y, g):
-            xt, yt, w = x[train][:, cols], y[train], np.ones(len(train))
+            xt, yt, w = x[train][:, cols], target[train], np.ones(len(train))
             if extra is not None:
+                extra_target = extra[1] if a.learn == "fixes" else extra[2]
                 xt = np.vstack([xt, extra[0][:, cols]])
-                yt = np.concatenate([yt, extra[1]])
-                w = np.concatenate([w, np.full(len(extra[1]), a.extra_weight)])
-            model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=3000))
-            model.fit(xt, yt, logisticregression__sample_weight=w)
+                yt = np.concatenate([yt, extra_target])
+                w = np.concatenate([w, np.full(len(extra_target), a.extra_weight)])
+            model = make_pipeline(StandardScaler(), make())
+            if isinstance(model[-1], MLPClassifier):  # takes no sample weights
+                model.fit(xt, yt)
+            else:
+                model.fit(xt, yt, **{model.steps[-1][0] + "__sample_weight": w})
             score = model.predict_proba(x[test][:, cols])[:, 1]
             for s in SHARES:
                 got[s].append(recall_at(score, y[test], s))
-        print(f"{'logistic, ' + name:>28}: " + "  ".join(
+        print(f"{name + ', learns ' + a.learn:>40}: " + "  ".join(
             f"{100 * s:.0f}%: {100 * np.mean(got[s]):.1f}%" for s in SHARES))
 
 
