@@ -47,22 +47,21 @@ source "$ROOT/scripts/serve_lib.sh"
 trap stop_cloud EXIT
 start_cloud "$TANDEM" "$CLOUD" "$T" "$OUT/serve.log"
 
-# eval TASK OUTDIR [more flags]: the pair's chat form, greedy, the router and the heuristics.
+# pair_eval TASK OUTDIR [more flags]: the device model against the cloud, greedy, the command
+# printed as it runs.
+pair_eval() {
+  local task=$1 out=$2
+  shift 2
+  echo "+ tandem eval --task $task -m $EDGE --cloud $URL -t $T --out $out $*" >&2
+  "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" -t "$T" --out "$out" "$@"
+}
+
+# qwen_eval TASK OUTDIR [more flags]: in the pair's chat form (LAMBADA is asked plain instead,
+# docs/eval.md).
 qwen_eval() {
   local task=$1 out=$2
   shift 2
-  echo "+ tandem eval --task $task -m $EDGE --cloud $URL --chat --chat-answer choice --shots 5" \
-    "-t $T --out $out $*" >&2
-  "$TANDEM" eval --task "$task" -m "$EDGE" --cloud "$URL" --chat --chat-answer choice --shots 5 \
-    -t "$T" --out "$out" "$@"
-}
-
-# lambada_eval OUTDIR ITEMS [more flags]: LAMBADA as docs/eval.md asks it (zero-shot, plain).
-lambada_eval() {
-  local out=$1 items=$2
-  shift 2
-  echo "+ tandem eval --task lambada -m $EDGE --cloud $URL --items $items -t $T --out $out $*" >&2
-  "$TANDEM" eval --task lambada -m "$EDGE" --cloud "$URL" --items "$items" -t "$T" --out "$out" "$@"
+  pair_eval "$task" "$out" --chat --chat-answer choice --shots 5 "$@"
 }
 
 for stage in "${STAGES[@]}"; do
@@ -80,12 +79,12 @@ for stage in "${STAGES[@]}"; do
         --rates "$RATES" --router "$ROUTER@$ROUTER_RATES"
       ;;
     choose-lambada)
-      lambada_eval "$OUT/choose-lambada-plain" 0-199 --modes local
-      lambada_eval "$OUT/choose-lambada-chat" 0-199 --modes local --chat
+      pair_eval lambada "$OUT/choose-lambada-plain" --items 0-199 --modes local
+      pair_eval lambada "$OUT/choose-lambada-chat" --items 0-199 --modes local --chat
       ;;
     lambada)
-      lambada_eval "$OUT/lambada-heldout" 2576-5152 --modes "$MODES" --policy "$POLICIES" \
-        --rates "$RATES"
+      pair_eval lambada "$OUT/lambada-heldout" --items 2576-5152 --modes "$MODES" \
+        --policy "$POLICIES" --rates "$RATES"
       ;;
     *)
       echo "qwen_figures.sh: unknown stage '$stage'" >&2
