@@ -678,9 +678,10 @@ HWY_INLINE void ForEachChunk(const BlockOf<T>& b, F&& f) {
 // m = sum(mins * bsums) are reduced across lanes (integer adds, exact), then
 // acc = fma(i, d * d_a, acc) and acc = fma(m, dmin * -d_a, acc). mins: kPer32 vectors of pair
 // lanes.
-HWY_INLINE VF4 AddSuperBlock(VF4 acc, V32 isum, const V16* mins, const BlockQ8_K& ab, float d,
+HWY_INLINE VF1 AddSuperBlock(VF1 acc, V32 isum, const V16* mins, const BlockQ8_K& ab, float d,
                              float dmin) {
   const DF4 df4;
+  const DF1 df1;
   V32 msum = hn::Zero(D32());
   for (size_t h = 0; h < kPer32; ++h)
     msum = MulAddPairs(mins[h], hn::LoadU(D16(), ab.bsums + h * (kN / 2)), msum);
@@ -688,8 +689,10 @@ HWY_INLINE VF4 AddSuperBlock(VF4 acc, V32 isum, const V16* mins, const BlockQ8_K
   // blocks added, then neighbours.
   const VI4 y = Fold4(PairAdd(isum, msum));
   const VF4 f = hn::ConvertTo(df4, hn::Add(y, hn::Shuffle2301(y)));
-  acc = hn::MulAdd(hn::Broadcast<0>(f), hn::Set(df4, d * ab.d), acc);
-  return hn::MulAdd(hn::Broadcast<2>(f), hn::Set(df4, dmin * -ab.d), acc);
+  // One-lane vectors: the scalar factors need no broadcast.
+  acc = hn::MulAdd(hn::LowerHalf(df1, hn::LowerHalf(f)), hn::Set(df1, d * ab.d), acc);
+  return hn::MulAdd(hn::LowerHalf(df1, hn::LowerHalf(hn::ConcatUpperUpper(df4, f, f))),
+                    hn::Set(df1, dmin * -ab.d), acc);
 }
 
 // Q4_K, Q5_K and Q6_K on AVX-512: decode is bound by the vector shuffle port, and KScales'
@@ -759,9 +762,9 @@ HWY_INLINE void DotRowK(const uint8_t* w, const uint8_t* const* a, int64_t nb, f
   using B = BlockOf<T>;
   const D8 d8;
   const D32 d32;
-  const DF4 df4;
-  VF4 acc[RA];
-  for (int r = 0; r < RA; ++r) acc[r] = hn::Zero(df4);
+  const DF1 df1;
+  VF1 acc[RA];
+  for (int r = 0; r < RA; ++r) acc[r] = hn::Zero(df1);
   const B* wb = reinterpret_cast<const B*>(w);
   for (int64_t b = 0; b < nb; ++b) {
     if constexpr (RA == 1) PrefetchAhead(wb + b, sizeof(B));
