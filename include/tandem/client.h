@@ -202,8 +202,12 @@ struct EdgeStats {
   // speculative mode: blocks whose verdict was every draft and then the device's own next token
   // (the next block, drafted meanwhile, goes out at once), and the others.
   int route_confirmed = 0, route_changed = 0;
-  int wasted_tokens = 0;    // tokens decoded ahead of an answer and then thrown away
-  int chained_steps = 0;    // cloud steps sent while earlier ones could still be out (queue)
+  int wasted_tokens = 0;  // tokens decoded ahead of an answer and then thrown away
+  int chained_steps = 0;  // cloud steps sent while earlier ones could still be out (queue)
+  // Cancels of chained steps the decoder abandoned while the server could still run them (sent
+  // in the background), and the steps the server said they stopped (counted when the cancel's
+  // answer is in: it may fall in the next answer's stats).
+  int cancels = 0, cancelled_steps = 0;
   bool cloud_lost = false;  // the cloud was given up on (fatal error) or never answered
   std::string last_cloud_error;
 };
@@ -237,6 +241,8 @@ void visit_edge_stats(Visit&& visit, Stats&... s) {
   visit("route_changed", s.route_changed...);
   visit("wasted_tokens", s.wasted_tokens...);
   visit("chained_steps", s.chained_steps...);
+  visit("cancels", s.cancels...);
+  visit("cancelled_steps", s.cancelled_steps...);
   visit("cloud_lost", s.cloud_lost...);
   visit("total_ms", s.total_ms...);
   visit("last_cloud_error", s.last_cloud_error...);

@@ -58,6 +58,15 @@ class ChainedBackend {
   // Settles a step, in chain order: its answer, or nullptr when it failed, was refused, or is
   // stale (an earlier step was not answered as guessed). Not thread-safe.
   virtual void settle(const ChainedStep& step, const CloudStepResult* answer) = 0;
+  // The decoder abandoned the steps out that build on position `from_pos` or later. Where the
+  // server can cancel them (feature "cancel"), the chain falls back to the history's first
+  // from_pos tokens at most, and the next step cuts the session back there (rewind_to <=
+  // from_pos, which the cancel spares, whichever arrives first); the steps out settle as of an
+  // older cut. False, changing nothing, where the server cannot. Not thread-safe.
+  virtual bool abandon_from(size_t from_pos) = 0;
+  // POST .../cancel {from_pos} for `session`, on the plain step()'s connection (so not while
+  // one runs): how many steps the server stopped. Throws CloudError.
+  virtual int cancel(const std::string& session, size_t from_pos) = 0;
 };
 
 }  // namespace tandem

@@ -20,11 +20,12 @@ CloudLink::~CloudLink() {
     stop_ = true;
     pending_sync_.reset();
     pending_request_.reset();
+    cancels_out_.clear();
     // A step in flight would hold the join for up to the timeout: cut it (the session is then
     // left to expire on the server). An idle worker closes the session on its way out.
     const bool chain_running =
         std::any_of(chain_.begin(), chain_.end(), [](const auto& job) { return job->running; });
-    if (busy_ || chain_running) backend_->abort();
+    if (busy_ || cancelling_ || chain_running) backend_->abort();
   }
   cv_work_.notify_all();
   cv_lane_.notify_all();
@@ -175,32 +176,34 @@ uint64_t CloudLink::chain_locked(const std::vector<TokenId>& history, const Clou
   return job->ticket;
 }
 
-// A lane: sends the chain's steps, the earliest unsent first, on its own connection.
+std::shared_ptr<CloudLink::ChainJob> CloudLink::next_unsent_locked() const {
+  for (const auto& job : chain_) {
+    if (!job->running) return job;
+  }
+  return nullptr;
+}
+
+// A lane: sends the chain's steps, the earliest unsent first, on its own connection. A step
+// already stale (built on a guess that did not hold, or abandoned) is not sent: it settles as
+// one the server refused.
 void CloudLink::lane(int index) {
   std::unique_lock lock(mu_);
   for (;;) {
     std::shared_ptr<ChainJob> job;
-    cv_lane_.wait(lock, [&] {
-      if (stop_) return true;
-      for (const auto& j : chain_) {
-        if (!j->running) {
-          job = j;
-          return true;
-        }
-      }
-      return false;
-    });
+    cv_lane_.wait(lock, [&] { return stop_ || (job = next_unsent_locked()) != nullptr; });
     if (stop_) return;
     job->running = true;
-    lock.unlock();
     std::optional<CloudStepResult> answer;
     std::optional<CloudError> error;
-    try {
-      answer = chained_->run_chained(index, job->step);
-    } catch (const CloudError& e) {
-      error = e;
+    if (job->epoch == epoch_) {
+      lock.unlock();
+      try {
+        answer = chained_->run_chained(index, job->step);
+      } catch (const CloudError& e) {
+        error = e;
+      }
+      lock.lock();
     }
-    lock.lock();
     job->done = true;
     job->answer = std::move(answer);
     job->error = std::move(error);
@@ -337,7 +340,41 @@ void CloudLink::extend_guess(uint64_t id, TokenId token) {
 
 void CloudLink::abandon(uint64_t id) {
   std::lock_guard lock(mu_);
-  tickets_.erase(id);
+  const auto it = tickets_.find(id);
+  if (it == tickets_.end()) return;
+  const std::shared_ptr<ChainJob> job = it->second;
+  tickets_.erase(it);
+  // Only a step the chain still counts on runs on the server for nobody: a stale one (an
+  // earlier answer was not the guess) fails its history check there at no cost. The later
+  // steps abandoned with this one build on it, so this one's cancel covers them.
+  if (stop_ || job->done || job->epoch != epoch_ || job->step.history.empty()) return;
+  // The server cancels the steps whose history reaches past from_pos; a verify that appends
+  // nothing ends where its history does, so from_pos is the last position of that history.
+  const size_t from_pos = job->step.history.size() - 1;
+  if (!chained_->abandon_from(from_pos)) return;
+  ++epoch_;  // the steps out are void: not sent if they have not gone yet
+  cancels_out_.push_back({job->step.session, from_pos});
+  ++cancels_;
+  cv_work_.notify_one();
+  cv_lane_.notify_all();
+}
+
+// The worker sends a cancel on the plain connection, so that no lane is held up by it. It
+// decides nothing: the chain already fell back to the cut the next step makes, so a cancel that
+// fails (an error, 404, a cut connection) only leaves the stale steps to run, as without it.
+void CloudLink::send_cancel_locked(std::unique_lock<std::mutex>& lock) {
+  const Cancel c = std::move(cancels_out_.front());
+  cancels_out_.pop_front();
+  cancelling_ = true;
+  lock.unlock();
+  int stopped = 0;
+  try {
+    stopped = chained_->cancel(c.session, c.from_pos);
+  } catch (const std::exception&) {
+  }
+  lock.lock();
+  cancelling_ = false;
+  cancelled_steps_ += stopped;
 }
 
 std::optional<CloudStepResult> CloudLink::wait_plain_locked(std::unique_lock<std::mutex>& lock,
@@ -369,9 +406,15 @@ void CloudLink::worker() {
   std::unique_lock lock(mu_);
   for (;;) {
     // Plain steps wait until no chained step is out: they need the backend to themselves.
-    cv_work_.wait(lock,
-                  [&] { return stop_ || ((pending_request_ || pending_sync_) && chain_.empty()); });
+    cv_work_.wait(lock, [&] {
+      return stop_ || !cancels_out_.empty() ||
+             ((pending_request_ || pending_sync_) && chain_.empty());
+    });
     if (stop_) break;
+    if (!cancels_out_.empty()) {
+      send_cancel_locked(lock);
+      continue;
+    }
     if (pending_request_) {
       Pending job = std::move(*pending_request_);
       pending_request_.reset();
@@ -450,6 +493,14 @@ int CloudLink::sync_failures() const {
 int CloudLink::failures() const {
   std::lock_guard lock(mu_);
   return failures_;
+}
+int CloudLink::cancels() const {
+  std::lock_guard lock(mu_);
+  return cancels_;
+}
+int CloudLink::cancelled_steps() const {
+  std::lock_guard lock(mu_);
+  return cancelled_steps_;
 }
 std::string CloudLink::last_error() const {
   std::lock_guard lock(mu_);

@@ -59,7 +59,10 @@ class CloudLink {
   std::optional<CloudStepResult> wait(uint64_t ticket, std::string* why);
   // True when wait(ticket) would return at once (answered, failed, timed out or replaced).
   bool answered(uint64_t ticket) const;
-  // The decoder no longer wants ticket's answer (it went back past its position).
+  // The decoder no longer wants ticket's answer (it went back past its position). A chained
+  // step that the server may still run for nobody is cancelled there in the background (one
+  // cancel for the steps abandoned together), where the server can; its failure changes
+  // nothing but the counts.
   void abandon(uint64_t ticket);
   // One more token of the guess of the consultation begun last (`ticket`), which the decoder
   // learned after begin(): the next step then builds on it too. Nothing once the answer is
@@ -75,6 +78,8 @@ class CloudLink {
   int sync_steps() const;
   int sync_failures() const;
   int failures() const;
+  int cancels() const;          // cancels asked for (sent, or about to be)
+  int cancelled_steps() const;  // steps the server said the cancels stopped
   std::string last_error() const;
 
  private:
@@ -95,8 +100,15 @@ class CloudLink {
     bool failed = false;                    // settled: the step itself failed (not stale)
     std::chrono::steady_clock::time_point deadline{};
   };
+  // A cancel the worker sends: the session's steps from from_pos on.
+  struct Cancel {
+    std::string session;
+    size_t from_pos = 0;
+  };
   void worker();
+  void send_cancel_locked(std::unique_lock<std::mutex>& lock);
   void lane(int index);
+  std::shared_ptr<ChainJob> next_unsent_locked() const;
   bool chaining_locked() const;
   void start_conversation_locked();
   uint64_t chain_locked(const std::vector<TokenId>& history, const CloudOp& op,
@@ -125,7 +137,10 @@ class CloudLink {
   std::string error_;
   bool stop_ = false;
   bool pending_new_conversation_ = false;
-  bool busy_ = false;        // the worker is inside a backend call
+  bool busy_ = false;        // the worker is inside a backend call (a step)
+  bool cancelling_ = false;  // the worker is inside a backend call (a cancel)
+  std::deque<Cancel> cancels_out_;
+  int cancels_ = 0, cancelled_steps_ = 0;
   uint64_t awaited_id_ = 0;  // the request begin() queued and wait() will collect, 0 for none
   std::chrono::steady_clock::time_point awaited_deadline_{};
   bool disabled_ = false;

@@ -228,6 +228,8 @@ struct EdgeDecoder::Turn {
       sync0 = d.link_->sync_steps();
       syncfail0 = d.link_->sync_failures();
       fail0 = d.link_->failures();
+      cancels0 = d.link_->cancels();
+      cancelled0 = d.link_->cancelled_steps();
     }
     use_cloud = d.link_ && d.options_.mode != EdgeMode::Local;
     maybe_sync(true);  // the prompt goes up while the small model prefills it
@@ -693,6 +695,8 @@ struct EdgeDecoder::Turn {
     st.sync_steps = d.link_->sync_steps() - sync0;
     st.sync_failures = d.link_->sync_failures() - syncfail0;
     st.cloud_failures = d.link_->failures() - fail0;
+    st.cancels = d.link_->cancels() - cancels0;
+    st.cancelled_steps = d.link_->cancelled_steps() - cancelled0;
     st.cloud_lost = d.link_->disabled() || (st.fallbacks > 0 && st.route_events == 0);
     if (st.last_cloud_error.empty() && st.cloud_failures > 0) {
       st.last_cloud_error = d.link_->last_error();
@@ -707,7 +711,7 @@ struct EdgeDecoder::Turn {
   TextStream stream;
   Clock::time_point t_start;
   CloudCounters c0;
-  int sync0 = 0, syncfail0 = 0, fail0 = 0;
+  int sync0 = 0, syncfail0 = 0, fail0 = 0, cancels0 = 0, cancelled0 = 0;
   bool use_cloud = false;
   size_t synced = 0;  // history length last pushed
   int cloud_warned = 0;

@@ -35,6 +35,9 @@ constexpr size_t kMaxEogTokens = 4096;
 // Connections for chained steps: a sync and two consultations in flight at once, which is what
 // a server's session queue holds (one running, max_queued_steps = 2 waiting).
 constexpr int kLanes = 3;
+// A cancel answers at once (the server never waits for the steps it stops); one that does not
+// must not hold up the plain steps behind it on its connection for a whole step timeout.
+constexpr double kCancelTimeoutS = 2;
 
 // "general.name (file.gguf)": both, as either may be what the user recognises.
 std::string edge_model_name(const Model& m) {
@@ -206,6 +209,32 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
       rewind_pending_ = true;  // the step may or may not have written past the mirror
     }
     chain_ = mirror_;
+  }
+
+  // As a cut does (chain()): the steps out belong to an older generation from now on, so what
+  // they did or did not do changes nothing here; the next step cuts back to mirror_.
+  bool abandon_from(size_t from_pos) override {
+    if (!can_cancel_) return false;
+    ++generation_;
+    in_generation_ = 0;
+    mirror_.resize(std::min(mirror_.size(), from_pos));
+    chain_ = mirror_;
+    rewind_pending_ = true;
+    return true;
+  }
+
+  int cancel(const std::string& session, size_t from_pos) override {
+    return cloud::only_cloud_errors("cancelling stale cloud steps", [&] {
+      const std::string what = "cancel from position " + std::to_string(from_pos);
+      const cloud::AnswerCap cap = cloud::answer_cap(options_.max_answer_bytes);
+      const net::HttpResponse r = cloud::fetch(
+          http_, "POST", std::string(protocol::kSessionPrefix) + session + protocol::kCancel,
+          json{{protocol::kFromPos, from_pos}}.dump(),
+          std::min(options_.timeout_s, kCancelTimeoutS), cap);
+      if (r.status != 200) throw cloud::status_error(r, what);
+      const json j = cloud::parse_answer(r, what, cap);
+      return static_cast<int>(cloud::int_field_or(j, protocol::kCancelled, what, 0, INT_MAX, 0));
+    });
   }
 
  private:
@@ -479,12 +508,13 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
           static_cast<int>(cloud::int_field_or(l, "max_generate", what, 0, INT_MAX, 0));
       info.max_draft = static_cast<int>(cloud::int_field_or(l, "max_draft", what, 0, INT_MAX, 0));
     }
-    can_rewind_ = can_queue_ = can_hash_ = false;
+    can_rewind_ = can_queue_ = can_hash_ = can_cancel_ = false;
     if (const auto f = j.find(protocol::kFeatures); f != j.end() && f->is_array()) {
       for (const json& name : *f) {
         can_rewind_ |= name.is_string() && name == protocol::kFeatureRewind;
         can_queue_ |= name.is_string() && name == protocol::kFeatureQueue;
         can_hash_ |= name.is_string() && name == protocol::kFeatureHistoryHash;
+        can_cancel_ |= name.is_string() && name == protocol::kFeatureCancel;
       }
     }
   }
@@ -539,6 +569,7 @@ class NativeBackend : public CloudBackend, public ChainedBackend {
   bool can_rewind_ = false;          // the server lists "rewind" (a step's rewind_to)
   bool can_queue_ = false;           // the server lists "queue" (a session's steps wait in turn)
   bool can_hash_ = false;            // the server lists "history_hash" (a step's expected_hash)
+  bool can_cancel_ = false;          // the server lists "cancel" (POST .../cancel)
   bool rewind_pending_ = false;      // the next step cuts the session to mirror_.size() first
   // Chained steps: a connection per lane; the history the server holds once every step sent
   // and not yet settled is answered as guessed; how many those are; the cuts sent so far, and

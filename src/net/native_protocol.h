@@ -47,8 +47,9 @@ inline constexpr char kPrefilled[] = "prefilled";
 inline constexpr char kStop[] = "stop";
 inline constexpr char kAccepted[] = "accepted";
 
-// A cancel: {from_pos}.
+// A cancel: {from_pos}; its answer {cancelled, pos}, where cancelled counts the steps stopped.
 inline constexpr char kFromPos[] = "from_pos";
+inline constexpr char kCancelled[] = "cancelled";  // also the code of a cancelled step's 409
 
 // Error codes a device acts on.
 inline constexpr char kHistoryMismatch[] = "history_mismatch";

@@ -262,7 +262,7 @@ class StepJob : public Job {
       case JobFailure::Refused:  // it waited, and its checks failed when its turn came
         return step_refused(refusal, step, session_id, sched_.options().n_ctx);
       case JobFailure::Cancelled:  // by POST .../cancel (after a hang-up nobody reads this)
-        return ApiError(409, "cancelled",
+        return ApiError(409, protocol::kCancelled,
                         "the step was cancelled: its device abandoned the history it builds on",
                         {{protocol::kPos, history_after}});
       case JobFailure::NoMemory:
@@ -382,7 +382,7 @@ void Api::Impl::cancel(const std::string& id, const HttpRequest& req, Responder&
   const int from_pos = parse_cancel(parse_body(req.body), n_ctx());
   int count = 0, pos = 0;
   if (!sched.cancel_steps(id, who.name, from_pos, &count, &pos)) throw session_lost(id, who);
-  send_json(res, 200, {{"cancelled", count}, {protocol::kPos, pos}});
+  send_json(res, 200, {{protocol::kCancelled, count}, {protocol::kPos, pos}});
 }
 
 // The answer for a session `who` does not hold: the same for an id never issued, another

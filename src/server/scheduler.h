@@ -206,7 +206,8 @@ class Scheduler {
   bool start_step(const std::shared_ptr<Job>& job, bool may_wait, StepRefusal* refusal,
                   SubmitRefusal* why);
   // Cancels the steps of `owner`'s session `id` that build on a history position >= from_pos
-  // (step.expected_pos + len(step.append) > from_pos): a waiting one ends at once, the running
+  // (step.expected_pos + len(step.append) > from_pos, unless its rewind_to cuts the history to
+  // from_pos or before, replacing what was abandoned): a waiting one ends at once, the running
   // one at its next token boundary, both with JobFailure::Cancelled. Never waits for the
   // running step. False when `owner` has no such session; else `*count` steps were cancelled
   // and `*pos` is the history's length.

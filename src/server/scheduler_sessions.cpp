@@ -203,7 +203,10 @@ void Scheduler::run_step_locked(Session& s, const std::shared_ptr<Job>& job) {
 
 bool Scheduler::cancel_steps(const std::string& id, const std::string& owner, int from_pos,
                              int* count, int* pos) {
+  // A step that cuts the history back to from_pos or before builds on nothing abandoned (it
+  // replaces it): the device's next step after the cancel, which may overtake it on the way.
   const auto abandons = [from_pos](const Job& job) {
+    if (job.step.rewind_to >= 0 && job.step.rewind_to <= from_pos) return false;
     return job.step.expected_pos + static_cast<int64_t>(job.step.append.size()) > from_pos;
   };
   {

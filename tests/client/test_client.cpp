@@ -17,6 +17,7 @@
 #include <cmath>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -173,10 +174,26 @@ class BadCloud {
   // Conflict: the first step gets 409 position_mismatch with pos 0; later steps are answered
   // as a real session would (every generated token is `kFakeToken`). HistoryConflict: the
   // session lists rewind and history_hash, and its second step gets 409 history_mismatch.
-  enum class Mode { Garbage, Truncated, Status500, Silent, Conflict, HistoryConflict };
+  // Cancel404, Cancel500, CancelCut: a proxy in front of a real server (`upstream`) that
+  // forwards every request on a connection of its own, except cancels, which it answers 404 or
+  // 500, or cuts the connection on.
+  enum class Mode {
+    Garbage,
+    Truncated,
+    Status500,
+    Silent,
+    Conflict,
+    HistoryConflict,
+    Cancel404,
+    Cancel500,
+    CancelCut
+  };
   static constexpr TokenId kFakeToken = 7;
-  BadCloud(Mode mode, std::string vocab_hash, int n_vocab)
-      : mode_(mode), vocab_hash_(std::move(vocab_hash)), n_vocab_(n_vocab) {
+  BadCloud(Mode mode, std::string vocab_hash, int n_vocab, std::string upstream = "")
+      : mode_(mode),
+        vocab_hash_(std::move(vocab_hash)),
+        n_vocab_(n_vocab),
+        upstream_(std::move(upstream)) {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     const int one = 1;
     setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -199,6 +216,7 @@ class BadCloud {
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int steps() const { return steps_.load(); }
+  int cancels() const { return cancels_.load(); }
   std::vector<nlohmann::json> step_bodies() {
     std::lock_guard lock(mu_);
     return bodies_;
@@ -218,6 +236,8 @@ class BadCloud {
   void handle(int fd) {
     std::string in;
     char buf[4096];
+    std::optional<net::HttpClient> upstream;
+    if (!upstream_.empty()) upstream.emplace(net::parse_url(upstream_), net::HttpOptions{});
     for (;;) {
       // One request: headers, then Content-Length bytes.
       size_t header_end;
@@ -239,7 +259,26 @@ class BadCloud {
       in.erase(0, header_end + 4 + body_len);
       std::string body;
       int status = 200;
-      if (head.rfind("POST /tandem/v1/sessions HTTP", 0) == 0) {
+      if (upstream) {
+        if (head.find("/cancel HTTP") != std::string::npos) {
+          ++cancels_;
+          if (mode_ == Mode::CancelCut) return void(close(fd));
+          status = mode_ == Mode::Cancel404 ? 404 : 500;
+          body = R"({"error":{"code":"not_found","message":"no cancel here"}})";
+        } else {
+          const size_t method_end = head.find(' ');
+          const std::string target =
+              head.substr(method_end + 1, head.find(' ', method_end + 1) - method_end - 1);
+          net::HttpResponse r;
+          try {
+            r = upstream->request(head.substr(0, method_end), target, in_body, 10s);
+          } catch (const net::NetError&) {
+            return void(close(fd));  // the server went away: so does the proxy's answer
+          }
+          status = r.status;
+          body = r.body;
+        }
+      } else if (head.rfind("POST /tandem/v1/sessions HTTP", 0) == 0) {
         status = 201;
         body =
             R"({"session":"s1","pos":0,"protocol":1,"model":{"name":"bad","arch":"llama","n_vocab":)" +
@@ -298,6 +337,10 @@ class BadCloud {
           case Mode::Silent:
             while (!stop_) std::this_thread::sleep_for(10ms);
             return void(close(fd));
+          case Mode::Cancel404:
+          case Mode::Cancel500:
+          case Mode::CancelCut:
+            break;  // a proxy: answered above
         }
       }
       const std::string r =
@@ -311,9 +354,10 @@ class BadCloud {
   Mode mode_;
   std::string vocab_hash_;
   int n_vocab_;
+  std::string upstream_;
   int listen_fd_ = -1, port_ = 0;
   std::atomic<bool> stop_{false};
-  std::atomic<int> steps_{0};
+  std::atomic<int> steps_{0}, cancels_{0};
   std::thread thread_;
   std::vector<std::thread> conns_;
   std::mutex mu_;
@@ -1313,6 +1357,91 @@ TEST_F(EdgeCloudTest, PipelinedSpeculativeSurvivesACloudKilledMidAnswer) {
   o.pipeline = true;
   o.draft = 2;
   expect_complete_after_a_kill(o);
+}
+
+// ---- cancelling abandoned steps ----
+
+// Route mode at every position with long route spans, the cloud's model on the device too (so
+// that the device's guesses hold): the second span goes out while the first is answered, and
+// an answer the callback stops within the first leaves the second running on the server for
+// nobody, for as long as the server takes to generate it.
+EdgeOptions long_spans() {
+  EdgeOptions o = edge_options(EdgeMode::Route, "always");
+  o.route_span = 1000;  // within the server's max_generate (1024)
+  o.context.n_ctx = 4096;
+  return o;
+}
+
+// `turns` answers on one decoder, each stopped by its callback at its 7th token (as eval stops
+// a complete word), each prompt continuing the conversation: the previous prompt, its answer
+// and two more tokens. So each next answer is the cloud's only if its session was cut back
+// to what the device kept.
+RouteTrace stopped_conversation(const Model& edge, const EdgeOptions& o, const std::string& url,
+                                int turns) {
+  CloudOptions c;
+  c.url = url;
+  c.timeout_s = o.cloud_timeout_s;
+  EdgeDecoder dec(edge, o, make_cloud_backend(c, edge));
+  dec.start();
+  RouteTrace t;
+  std::vector<TokenId> prompt =
+      ModelInternals::tokenizer(edge).encode("The quick brown fox", true, false);
+  const std::vector<TokenId> more(prompt.begin() + 1, prompt.begin() + 3);
+  for (int k = 0; k < turns; ++k) {
+    const EdgeResult r = dec.generate(prompt, 2000, [&](const EdgeToken& e, std::string_view) {
+      if (e.id < 0) return true;  // the stream's tail
+      t.ids.push_back(e.id);
+      t.sources.push_back(e.source);
+      return t.ids.size() % 7 != 0;
+    });
+    t.stops.push_back(r.stop);
+    add_edge_stats(t.stats, r.stats);
+    prompt.insert(prompt.end(), r.ids.begin(), r.ids.end());
+    prompt.insert(prompt.end(), more.begin(), more.end());
+  }
+  return t;
+}
+
+// The decoder abandons the second span (the answer stopped in the first): the server stops
+// it, and every answer is still the blocking mode's, each turn continuing on the session.
+TEST_F(EdgeCloudTest, AnAbandonedStepIsCancelledAndTheAnswersStayTheSame) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  EdgeOptions o = long_spans();
+  o.pipeline = false;
+  const RouteTrace blocking = stopped_conversation(*cloud_model_, o, serve.url(), 3);
+  o.pipeline = true;
+  const RouteTrace piped = stopped_conversation(*cloud_model_, o, serve.url(), 3);
+  EXPECT_TRUE(piped == blocking);
+  EXPECT_EQ(piped.ids.size(), 21u);
+  EXPECT_EQ(piped.stats.fallbacks, 0);
+  EXPECT_EQ(blocking.stats.cancels, 0);
+  EXPECT_EQ(piped.stats.cancels, 3) << "one per answer";
+  EXPECT_GE(piped.stats.cancelled_steps, 1) << "the server stopped a span it was generating";
+}
+
+// A cancel answered 404 or 500, or whose connection is cut: the stale spans run to their end
+// on the server, and the answers are whole and the blocking mode's.
+TEST_F(EdgeCloudTest, AFailedCancelLeavesTheAnswersWhole) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  EdgeOptions o = long_spans();
+  o.pipeline = false;
+  const RouteTrace blocking = stopped_conversation(*cloud_model_, o, serve.url(), 2);
+  o.pipeline = true;
+  const std::string hash = cloud_model_->info().vocab_hash;
+  for (const auto mode :
+       {BadCloud::Mode::Cancel404, BadCloud::Mode::Cancel500, BadCloud::Mode::CancelCut}) {
+    BadCloud proxy(mode, hash, cloud_model_->vocab_size(), serve.url());
+    const RouteTrace piped = stopped_conversation(*cloud_model_, o, proxy.url(), 2);
+    const int m = static_cast<int>(mode);
+    EXPECT_TRUE(piped == blocking) << m;
+    EXPECT_EQ(piped.stats.fallbacks, 0) << m;
+    EXPECT_EQ(piped.stats.cancels, 2) << m;
+    // The last answer's cancel may still be on its way when the decoder closes.
+    EXPECT_GE(proxy.cancels(), 1) << m << ": the cancels reached the cloud";
+    EXPECT_EQ(piped.stats.cancelled_steps, 0) << m;
+  }
 }
 
 TEST_F(EdgeCloudTest, RealModelCloudIsRefusedByASyntheticEdge) {

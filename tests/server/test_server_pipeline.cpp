@@ -255,6 +255,26 @@ TEST(Pipeline, CancelDropsWaitingStepsAndStopsTheRunningOne) {
   EXPECT_EQ(c.post(cancel, {{"from_pos", 0}}).j()["cancelled"], 0) << "nothing is left to cancel";
 }
 
+// A waiting step that cuts the history back to from_pos or before builds on nothing the cancel
+// abandons (it replaces it): the cancel spares it, and it runs once the running step ends. It
+// is the device's next step after a cancel, which may reach the server first.
+TEST(Pipeline, CancelSparesAStepThatCutsBackToItsPosition) {
+  BusySession b;  // running: append kPrompt (up to position 3), then generate
+  InFlight& stale = b.queue(generate_step(kAfterLong, 1, true));
+  InFlight& cut = b.queue({{"rewind_to", 3},
+                           {"expected_pos", 3},
+                           {"append", {7}},
+                           {"generate", {{"n", 1}}},
+                           {"queue", true}});
+  const HttpResult r = b.c.post(session_path(b.id, "/cancel"), {{"from_pos", 3}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j()["cancelled"], 1);
+  EXPECT_EQ(error_code(stale.get()), "cancelled") << stale.get().body;
+  EXPECT_EQ(b.first->get().status, 200) << "it ends at position 3";
+  ASSERT_EQ(cut.get().status, 200) << cut.get().body;
+  EXPECT_EQ(cut.get().j()["pos"], 5);
+}
+
 // The cancel body is checked like a step's; a cancel of another key's session or an unknown
 // one is 410, like a step on it.
 TEST(Pipeline, CancelChecksItsBodyAndTheSessionsOwner) {
