@@ -1421,8 +1421,16 @@ TEST_F(EdgeCloudTest, AnAbandonedStepIsCancelledAndTheAnswersStayTheSame) {
 }
 
 // A cancel answered 404 or 500, or whose connection is cut: the stale spans run to their end
-// on the server, and the answers are whole and the blocking mode's.
+// on the server, and the answers are whole and the blocking mode's. The device's next step
+// waits in the session's queue until a stale span of up to 1000 tokens is generated: the
+// release build does that well within the step timeout, a sanitizer build (several times
+// slower) does not, and its steps then time out by design. So this test runs in the release
+// build only (CI's release stage); the sanitizers still check the cancel path through
+// AnAbandonedStepIsCancelledAndTheAnswersStayTheSame.
 TEST_F(EdgeCloudTest, AFailedCancelLeavesTheAnswersWhole) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "a stale 1000-token span outlasts the step timeout under the sanitizers";
+#endif
   ServeProcess serve(cloud_model_path());
   serve.start();
   EdgeOptions o = long_spans();
