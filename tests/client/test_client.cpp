@@ -1369,6 +1369,11 @@ EdgeOptions long_spans() {
   EdgeOptions o = edge_options(EdgeMode::Route, "always");
   o.route_span = 1000;  // within the server's max_generate (1024)
   o.context.n_ctx = 4096;
+#if defined(__SANITIZE_ADDRESS__)
+  // A step may wait behind a stale span until its cancel lands (the device's next step can
+  // overtake the cancel); under the sanitizers that can take longer than the usual 5 s.
+  o.cloud_timeout_s = 120;
+#endif
   return o;
 }
 
