@@ -299,10 +299,17 @@ class EdgeDecoder {
   EdgeDecoder(const EdgeDecoder&) = delete;
   EdgeDecoder& operator=(const EdgeDecoder&) = delete;
 
-  // Opens the cloud session. Throws CloudError (Fatal) for a different vocabulary or a refused
-  // API key; a cloud that does not answer is not an error (the decoder starts locally and
-  // retries). Returns a line describing the cloud (or why it is unavailable).
+  // Opens the cloud session and waits for it. Throws CloudError (Fatal) for a different
+  // vocabulary or a refused API key; a cloud that does not answer is not an error (the decoder
+  // starts locally and retries). Returns a line describing the cloud (or why it is unavailable).
   std::string start();
+  // Begins opening the cloud session and returns at once: the prompt's prefill and the tokens
+  // before the first consultation overlap its round trips. generate() waits for the session
+  // only where it first needs the cloud, and a Fatal refusal then comes out of generate().
+  void start_in_background();
+  // start()'s line once the session's opening has an outcome; nullopt while it is still out.
+  // Throws a Fatal CloudError as start() does.
+  std::optional<std::string> cloud_line();
 
   // Makes the conversation's history `context` (its common prefix with the current history is
   // kept, locally and in the cloud) and produces up to n_predict tokens after it.
@@ -332,6 +339,10 @@ class EdgeDecoder {
   // The small model back at history length `pos`: its KV cut there, and its logits (and hidden
   // state) there put back -- or, when none were kept (empty), recomputed when next needed.
   void rewind_small_model(size_t pos, std::vector<float> logits, std::vector<float> hidden);
+  // Waits for the session start_in_background() began and takes in the cloud's limits.
+  void await_cloud();
+  // await_cloud() when that would not wait; false while the session is still opening.
+  bool poll_cloud();
   struct Turn;  // one generate() call (edge_decoder.cpp)
 
   const Model& model_;
@@ -346,6 +357,8 @@ class EdgeDecoder {
   std::vector<float> hidden_;          // its final hidden state there (signal_hidden only)
   size_t logits_pos_ = SIZE_MAX;       // local_tokens_.size() when logits_ was computed
   double local_ms_ = 0;
+  bool connecting_ = false;  // start_in_background() began a connect not yet awaited
+  std::string cloud_line_;   // what start() returns, once known
 };
 
 // What a trained router's file says about itself.

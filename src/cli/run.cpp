@@ -60,11 +60,13 @@ class RunCommand : public Command {
     auto model = Model::load(flags_.edge.model);
     flags_.load_router(*model);
     EdgeDecoder edge(*model, flags_.edge.options, flags_.make_backend(*model));
-    const std::string cloud_line = edge.start();
-    if (flags_.edge.options.mode != EdgeMode::Local)
-      std::fprintf(stderr, "tandem: %s\n", cloud_line.c_str());
-
-    if (interactive_) return run_interactive(*model, edge);
+    if (interactive_) {
+      print_cloud_line(edge.start());
+      return run_interactive(*model, edge);
+    }
+    // The session opens while the prompt is tokenized and prefilled; the answer waits for it
+    // only at its first consultation.
+    edge.start_in_background();
 
     std::string prompt = read_prompt(prompt_, file_, prompt_opt_->count() > 0);
     bool parse_special = false;
@@ -82,6 +84,9 @@ class RunCommand : public Command {
       std::fflush(stdout);
     }
     const EdgeResult r = edge.generate(ids, n_predict(), printer());
+    const std::optional<std::string> cloud_line = edge.cloud_line();
+    print_cloud_line(
+        cloud_line.value_or("cloud: the session was still opening when the answer ended"));
     if (json_) {
       nlohmann::json j;
       j["text"] = r.text;
@@ -105,6 +110,11 @@ class RunCommand : public Command {
  private:
   int n_predict() const {
     return flags_.edge.n_predict < 0 ? std::numeric_limits<int>::max() : flags_.edge.n_predict;
+  }
+
+  void print_cloud_line(const std::string& line) const {
+    if (flags_.edge.options.mode != EdgeMode::Local)
+      std::fprintf(stderr, "tandem: %s\n", line.c_str());
   }
 
   void show_prompt(std::span<const TokenId> ids) const {
@@ -170,6 +180,9 @@ class RunCommand : public Command {
       }
       show_prompt(ids);
       const EdgeResult r = edge.generate(ids, n_predict(), printer());
+      const std::optional<std::string> cloud_line = edge.cloud_line();
+      print_cloud_line(
+          cloud_line.value_or("cloud: the session was still opening when the answer ended"));
       if (json_) {
         nlohmann::json j;
         j["text"] = r.text;

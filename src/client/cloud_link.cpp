@@ -34,26 +34,80 @@ CloudLink::~CloudLink() {
   if (thread_.joinable()) thread_.join();
 }
 
+void CloudLink::connect_in_background() {
+  {
+    std::lock_guard lock(mu_);
+    if (connect_ != Connect::NotAsked) return;
+    connect_ = Connect::Queued;
+  }
+  cv_work_.notify_one();
+}
+
 CloudModelInfo CloudLink::connect() {
-  // The worker only ever runs queued work, and nothing is queued yet: the backend is ours here.
+  connect_in_background();
+  std::unique_lock lock(mu_);
+  cv_done_.wait(lock, [&] { return connect_ == Connect::Settled || stop_; });
+  if (connect_error_) throw *connect_error_;
+  if (!connect_info_) {
+    throw CloudError(CloudError::Kind::Unavailable, "the link closed before the session opened");
+  }
+  return *connect_info_;
+}
+
+bool CloudLink::connect_settled() const {
   std::lock_guard lock(mu_);
+  return connect_ == Connect::Settled;
+}
+
+// The backend learns what the server can do (chaining, lanes) while it connects.
+bool CloudLink::connecting_locked() const {
+  return connect_ == Connect::Queued || connect_ == Connect::Running;
+}
+
+// On the worker, before any step: the steps queued meanwhile need the session (a plain step
+// opens one itself, but the decoder waits for the cloud's limits before its first consultation).
+void CloudLink::run_connect_locked(std::unique_lock<std::mutex>& lock) {
+  connect_ = Connect::Running;
+  busy_ = true;
+  lock.unlock();
+  std::optional<CloudModelInfo> info;
+  std::optional<CloudError> error;
   try {
-    CloudModelInfo info = backend_->connect();
-    note_success_locked();
-    counters_ = backend_->counters();
-    return info;
+    info = backend_->connect();
   } catch (const CloudError& e) {
-    note_failure_locked(e);
-    counters_ = backend_->counters();
-    throw;
+    error = e;
   } catch (const std::exception& e) {
     // Backends throw only CloudError; should anything else slip through, it is still a cloud
     // that failed (the caller falls back), never an error of the caller's own.
-    const CloudError error(CloudError::Kind::Unavailable, e.what());
-    note_failure_locked(error);
-    counters_ = backend_->counters();
-    throw error;
+    error = CloudError(CloudError::Kind::Unavailable, e.what());
   }
+  lock.lock();
+  busy_ = false;
+  counters_ = backend_->counters();
+  if (error) {
+    note_failure_locked(*error);
+    // What was queued behind the opening fails with it, as it would have been refused had it
+    // come after: a sync is dropped, a consultation answered with the reason.
+    pending_sync_.reset();
+    if (pending_request_) {
+      done_id_ = pending_request_->id;
+      pending_request_.reset();
+      result_.reset();
+      error_ = error->what();
+    }
+  } else {
+    note_success_locked();
+  }
+  connect_info_ = std::move(info);
+  connect_error_ = std::move(error);
+  connect_ = Connect::Settled;
+  // A push queued meanwhile joins the chain when the server has one, so that the consultations
+  // after it need not wait for it as a plain step.
+  if (pending_sync_ && chaining_locked()) {
+    chain_locked(*pending_sync_, CloudOp{}, {});
+    pending_sync_.reset();
+  }
+  cv_done_.notify_all();
 }
 
 void CloudLink::note_failure_locked(const CloudError& e) {
@@ -134,7 +188,8 @@ Clock::time_point CloudLink::deadline_from_now() const {
 // session's steps), no plain step running or waiting (they need the backend to themselves) and
 // a free lane.
 bool CloudLink::chaining_locked() const {
-  if (!chained_ || busy_ || pending_request_ || awaited_id_ != 0 || pending_new_conversation_) {
+  if (!chained_ || busy_ || connecting_locked() || pending_request_ || awaited_id_ != 0 ||
+      pending_new_conversation_) {
     return false;
   }
   const int lanes = chained_->chain_lanes();
@@ -145,7 +200,10 @@ bool CloudLink::chaining_locked() const {
 // opening another): nothing to send, so it need not wait for the worker, nor for the steps of
 // the last conversation still out (stale from now on: the next step cuts them away).
 void CloudLink::start_conversation_locked() {
-  if (!pending_new_conversation_ || !chained_ || busy_ || chained_->chain_lanes() == 0) return;
+  if (!pending_new_conversation_ || !chained_ || busy_ || connecting_locked() ||
+      chained_->chain_lanes() == 0) {
+    return;
+  }
   backend_->new_conversation();
   pending_new_conversation_ = false;
   if (!chain_.empty()) ++epoch_;
@@ -407,10 +465,14 @@ void CloudLink::worker() {
   for (;;) {
     // Plain steps wait until no chained step is out: they need the backend to themselves.
     cv_work_.wait(lock, [&] {
-      return stop_ || !cancels_out_.empty() ||
+      return stop_ || connect_ == Connect::Queued || !cancels_out_.empty() ||
              ((pending_request_ || pending_sync_) && chain_.empty());
     });
     if (stop_) break;
+    if (connect_ == Connect::Queued) {
+      run_connect_locked(lock);
+      continue;
+    }
     if (!cancels_out_.empty()) {
       send_cancel_locked(lock);
       continue;

@@ -31,8 +31,14 @@ class CloudLink {
   CloudLink(std::unique_ptr<CloudBackend> backend, const Options& options);
   ~CloudLink();
 
-  // Opens the session on the calling thread, before the worker has work. Throws CloudError.
+  // Begins opening the session on the worker and returns at once, so that the caller can
+  // prefill meanwhile. Everything queued later (syncs, consultations) goes out after it.
+  void connect_in_background();
+  // Opens the session -- or waits for the one connect_in_background() began -- and returns the
+  // cloud's model. Throws the CloudError it failed with (each call, once it has failed).
   CloudModelInfo connect();
+  // True once the session's opening has an outcome: connect() would return (or throw) at once.
+  bool connect_settled() const;
 
   // Pushes the history in the background (latest wins; dropped while backing off).
   void sync(const std::vector<TokenId>& history);
@@ -106,6 +112,8 @@ class CloudLink {
     size_t from_pos = 0;
   };
   void worker();
+  void run_connect_locked(std::unique_lock<std::mutex>& lock);
+  bool connecting_locked() const;
   void send_cancel_locked(std::unique_lock<std::mutex>& lock);
   void lane(int index);
   std::shared_ptr<ChainJob> next_unsent_locked() const;
@@ -137,7 +145,13 @@ class CloudLink {
   std::string error_;
   bool stop_ = false;
   bool pending_new_conversation_ = false;
-  bool busy_ = false;        // the worker is inside a backend call (a step)
+  // Opening the session: not asked for, queued for the worker, being run, or settled (with
+  // connect_info_ or connect_error_).
+  enum class Connect { NotAsked, Queued, Running, Settled };
+  Connect connect_ = Connect::NotAsked;
+  std::optional<CloudModelInfo> connect_info_;
+  std::optional<CloudError> connect_error_;
+  bool busy_ = false;        // the worker is inside a backend call (a step, the connect)
   bool cancelling_ = false;  // the worker is inside a backend call (a cancel)
   std::deque<Cancel> cancels_out_;
   int cancels_ = 0, cancelled_steps_ = 0;

@@ -73,8 +73,36 @@ EdgeDecoder::EdgeDecoder(const Model& small, const EdgeOptions& options,
 EdgeDecoder::~EdgeDecoder() = default;
 
 std::string EdgeDecoder::start() {
-  if (options_.mode == EdgeMode::Local) return "local mode: the cloud is not used";
-  if (!link_) return "no cloud given: decoding locally";
+  start_in_background();
+  await_cloud();
+  return cloud_line_;
+}
+
+void EdgeDecoder::start_in_background() {
+  if (options_.mode == EdgeMode::Local) {
+    cloud_line_ = "local mode: the cloud is not used";
+  } else if (!link_) {
+    cloud_line_ = "no cloud given: decoding locally";
+  } else if (cloud_line_.empty() && !connecting_) {
+    link_->connect_in_background();
+    connecting_ = true;
+  }
+}
+
+std::optional<std::string> EdgeDecoder::cloud_line() {
+  if (!poll_cloud()) return std::nullopt;
+  return cloud_line_;
+}
+
+bool EdgeDecoder::poll_cloud() {
+  if (connecting_ && !link_->connect_settled()) return false;
+  await_cloud();
+  return true;
+}
+
+void EdgeDecoder::await_cloud() {
+  if (!connecting_) return;
+  connecting_ = false;
   try {
     const CloudModelInfo info = link_->connect();
     // Stay within the server's limits (a request over them would only be refused).
@@ -83,12 +111,12 @@ std::string EdgeDecoder::start() {
       options_.cloud_chunk = std::min(options_.cloud_chunk, info.max_generate);
     }
     if (info.max_draft > 0) options_.draft = std::min(options_.draft, info.max_draft);
-    return "cloud: " + (info.name.empty() ? info.arch : info.name) + " (n_vocab " +
-           std::to_string(info.n_vocab) + ", vocab_hash " + info.vocab_hash + ", n_ctx " +
-           std::to_string(info.n_ctx) + ")";
+    cloud_line_ = "cloud: " + (info.name.empty() ? info.arch : info.name) + " (n_vocab " +
+                  std::to_string(info.n_vocab) + ", vocab_hash " + info.vocab_hash + ", n_ctx " +
+                  std::to_string(info.n_ctx) + ")";
   } catch (const CloudError& e) {
+    cloud_line_ = std::string("cloud unavailable, decoding locally and retrying: ") + e.what();
     if (e.kind() == CloudError::Kind::Fatal) throw;
-    return std::string("cloud unavailable, decoding locally and retrying: ") + e.what();
   }
 }
 
@@ -260,6 +288,9 @@ struct EdgeDecoder::Turn {
     // An answer that is in settles its position now, not at the next routed position: confirmed
     // tokens stream out at once, and fewer tokens are decoded past an answer that changes them.
     if (resolve_answered() == Resolved::Ended) return false;
+    // The session's opening, once settled, brings the server's limits (or a Fatal refusal,
+    // which stops the answer here).
+    d.poll_cloud();
     switch (d.options_.mode) {
       case EdgeMode::Local:
         return step_local();
@@ -421,6 +452,10 @@ struct EdgeDecoder::Turn {
       if (first != Resolved::Confirmed) return first == Resolved::Rewound;
     }
     const TokenId edge_guess = d.local_top1();  // route_score left the logits current
+    // A one-token op is within any server's limits, so it need not wait for the session's
+    // opening: it queues behind it on the link while a pipelined decoder goes on. A longer
+    // span first learns the server's limits.
+    if (d.link_ && d.options_.route_span > 1) d.await_cloud();
     const CloudOp op = generate_op(std::min(d.options_.route_span, remaining()));
     if (!d.link_) return take_answer(std::nullopt, score, edge_guess);
     if (d.options_.pipeline) return route_ahead(op, score, edge_guess);
@@ -565,6 +600,7 @@ struct EdgeDecoder::Turn {
   // block goes out and the device goes on as if every draft and its own next token were taken,
   // drafting the next block while this one is verified (docs/client.md, "Pipelined routing").
   bool step_speculative() {
+    if (d.link_) d.await_cloud();
     if (!ledger.in_flight() && !(d.link_ && d.link_->ready())) {
       return take_verdict(std::nullopt, {});
     }
@@ -662,6 +698,7 @@ struct EdgeDecoder::Turn {
 
   bool step_cloud() {
     std::optional<CloudStepResult> r;
+    if (d.link_) d.await_cloud();
     if (d.link_ && d.link_->ready()) {
       // Small first steps so the first token streams early, then full chunks.
       const int chunk = std::min(d.options_.cloud_chunk, 1 << std::min(st.route_events, 16));
@@ -675,6 +712,9 @@ struct EdgeDecoder::Turn {
   // ---- the end: the text's tail and this call's stats ----
 
   void finish() {
+    // A consultation that failed because the session was refused (a Fatal error) has settled
+    // the opening by now: the refusal stops the answer even when no step came after it.
+    if (d.link_) d.poll_cloud();
     const std::string tail = stream.flush();
     res.text += tail;
     if (on_token && !tail.empty()) on_token(EdgeToken{-1, TokenSource::Local, 0.0f}, tail);

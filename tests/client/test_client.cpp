@@ -920,6 +920,59 @@ TEST_F(EdgeCloudTest, OtherVocabularyIsRefusedNamingBoth) {
   EXPECT_EQ(other.steps(), 0);
 }
 
+// `tandem run` opens the session in the background (start_in_background): the prompt's prefill
+// and the tokens before the first consultation overlap its round trips.
+uint16_t port_of(const ServeProcess& serve) {
+  return static_cast<uint16_t>(std::stoi(serve.url().substr(17)));  // http://127.0.0.1:PORT
+}
+
+TEST_F(EdgeCloudTest, AnAnswerThatNeverConsultsDoesNotWaitForTheSession) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  // A minute per round trip: the session's opening is still out long after the answer ends,
+  // and the decoder's teardown cuts it (it does not wait for it either).
+  net::DelayProxy proxy("127.0.0.1", port_of(serve), 60000);
+  EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "never"),
+                   backend("http://127.0.0.1:" + std::to_string(proxy.port())));
+  edge.start_in_background();
+  const EdgeResult r = edge.generate(prompt_, kN);
+  EXPECT_EQ(r.ids, edge_greedy_);
+  EXPECT_EQ(r.stats.fallbacks, 0);
+  EXPECT_FALSE(edge.cloud_line().has_value()) << "the answer waited for the session";
+}
+
+TEST_F(EdgeCloudTest, ASessionOpenedInTheBackgroundTakesTheFirstConsultation) {
+  ServeProcess serve(cloud_model_path());
+  serve.start();
+  net::DelayProxy proxy("127.0.0.1", port_of(serve), 20);
+  for (const bool pipeline : {false, true}) {
+    EdgeOptions o = edge_options(EdgeMode::Route, "always");
+    o.pipeline = pipeline;
+    EdgeDecoder edge(*edge_model_, o, backend("http://127.0.0.1:" + std::to_string(proxy.port())));
+    edge.start_in_background();
+    const EdgeResult r = edge.generate(prompt_, kN);
+    EXPECT_EQ(r.ids, cloud_greedy_) << "pipeline " << pipeline;
+    EXPECT_EQ(r.stats.fallbacks, 0) << "pipeline " << pipeline;
+    const std::optional<std::string> line = edge.cloud_line();
+    ASSERT_TRUE(line.has_value());
+    EXPECT_EQ(line->rfind("cloud: ", 0), 0u) << *line;
+  }
+}
+
+TEST_F(EdgeCloudTest, AVocabularyRefusedInTheBackgroundStopsTheAnswer) {
+  BadCloud other(BadCloud::Mode::Garbage, "0123456789abcdef", 262144);
+  EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route), backend(other.url()));
+  edge.start_in_background();
+  try {
+    edge.generate(prompt_, kN);
+    FAIL() << "a different vocabulary was accepted";
+  } catch (const CloudError& e) {
+    EXPECT_EQ(e.kind(), CloudError::Kind::Fatal);
+    EXPECT_NE(std::string(e.what()).find("'bad'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(other.steps(), 0);
+}
+
 std::string real_model_path() {
   const char* env = std::getenv("TANDEM_MODEL");
   std::string path = env ? env : "";
