@@ -4,15 +4,19 @@ exit, against a `tandem serve` behind a TCP proxy that adds a round trip (docs/r
 its output). Meant for a quiet machine.
 
   scripts/bench_run_rtt.py --edge E --cloud C [--rtts 0,100] [--reps 5] [-n 160]
-                           [--builds build,OTHER/build] [--modes local,route]
+                           [--builds build,OTHER/build] [--modes local,route,blocking] [--chat]
+                           [--prompt TEXT | --prompts scripts/rtt_prompts.txt [--items N]]
 
 The cloud (`tandem serve -t 1`) is pinned to core 1, each `tandem run -t 1` to core 0. The proxy
 is this script's own (asyncio, not tandem's DelayProxy): every chunk is forwarded half the round
 trip after it arrived, in each direction, in order. Route mode runs at a 7% target share with the
 confidence policy (`--policy confidence --target-rate 0.07`; a trained router of the pair is
-not used, so that every build routes alike). Builds and modes alternate within each repetition.
-Each cell: median wall time (min..max) of --reps runs, the answer's own clock (`stats.total_ms`)
-and its time to first token (`stats.ttft_ms`) beside it, and wall / local of the same build.
+not used, so that every build routes alike); `blocking` is the same with `--no-pipeline`.
+Prompts, builds and modes alternate within each repetition. Each cell: the median over prompts of
+each prompt's median wall time over --reps runs (min..max over prompts), the answer's own clock
+(`stats.total_ms`) and its time to first token (`stats.ttft_ms`) beside it, the cloud's tokens
+of all prompts' first runs, each prompt's wall / local of the same build (median, min..max), the
+most distinct outputs one prompt gave, and on how many prompts the output equals blocking mode's.
 """
 import argparse
 import asyncio
@@ -102,11 +106,18 @@ def start_serve(tandem, model, port):
     sys.exit("bench_run_rtt.py: tandem serve did not come up")
 
 
-def run_once(tandem, args, mode, url):
+def run_once(tandem, args, mode, url, prompt):
     cmd = ["taskset", "-c", "0", tandem, "run", "-m", args.edge, "-t", "1", "-n", str(args.n),
-           "--temp", "0", "--json", "-p", PROMPT, "--mode", mode]
-    if mode != "local":
-        cmd += ["--cloud", url, "--policy", "confidence", "--target-rate", "0.07"]
+           "--temp", "0", "--json", "-p", prompt]
+    if args.chat:
+        cmd.append("--chat")
+    if mode == "local":
+        cmd += ["--mode", "local"]
+    else:
+        cmd += ["--mode", "route", "--cloud", url, "--policy", "confidence",
+                "--target-rate", "0.07"]
+        if mode == "blocking":
+            cmd.append("--no-pipeline")
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True)
     wall = (time.monotonic() - t0) * 1000
@@ -120,6 +131,60 @@ def cell(xs):
     return f"{statistics.median(xs):.0f} ({min(xs):.0f}..{max(xs):.0f})"
 
 
+def ratio_cell(xs):
+    return f"{statistics.median(xs):.2f}x ({min(xs):.2f}..{max(xs):.2f})"
+
+
+def read_prompts(args):
+    if not args.prompts:
+        return [args.prompt]
+    with open(args.prompts, encoding="utf-8") as f:
+        prompts = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    return prompts[:args.items] if args.items else prompts
+
+
+def measure(args, builds, modes, prompts, url, rtt):
+    """{(build, mode, item): [(wall, total, ttft, cloud, tokens, ids)]}, runs interleaved."""
+    samples = {}
+    for rep in range(args.reps):
+        for item, prompt in enumerate(prompts):
+            for b in builds:
+                for m in modes:
+                    wall, st, ids = run_once(os.path.join(b, "tandem"), args, m, url, prompt)
+                    samples.setdefault((b, m, item), []).append(
+                        (wall, st["total_ms"], st.get("ttft_ms", 0), st.get("cloud_tokens", 0),
+                         st.get("tokens", 0), tuple(ids)))
+                    print(f"rtt {rtt:g} rep {rep} item {item} {b} {m}: wall {wall:.0f} ms, "
+                          f"total {st['total_ms']:.0f} ms, cloud {st.get('cloud_tokens', 0)}/"
+                          f"{st.get('tokens', 0)}", file=sys.stderr)
+    return samples
+
+
+def rows_for(samples, builds, modes, n_items, rtt):
+    """One row per build and mode: each item's median over its runs, then the cell over items."""
+    rows = []
+    med = lambda xs: statistics.median(xs)
+    for b in builds:
+        local = [med([r[0] for r in samples[(b, modes[0], i)]]) for i in range(n_items)]
+        for m in modes:
+            runs = [samples[(b, m, i)] for i in range(n_items)]
+            walls = [med([r[0] for r in rs]) for rs in runs]
+            clock = [med([r[1] for r in rs]) for rs in runs]
+            ttft = [med([r[2] for r in rs]) for rs in runs]
+            cloud = sum(rs[0][3] for rs in runs)
+            tokens = sum(rs[0][4] for rs in runs)
+            distinct = max(len({r[5] for r in rs}) for rs in runs)
+            same = "-"
+            if m != "blocking" and "blocking" in modes:
+                same = sum(samples[(b, m, i)][0][5] == samples[(b, "blocking", i)][0][5]
+                           for i in range(n_items))
+                same = f"{same}/{n_items}"
+            rows.append((f"{rtt:g}", b, m, cell(walls), cell(clock), cell(ttft),
+                         f"{cloud}/{tokens}", ratio_cell([w / l for w, l in zip(walls, local)]),
+                         distinct, same))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--edge", required=True)
@@ -128,10 +193,19 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("-n", type=int, default=160)
     ap.add_argument("--builds", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--modes", default="local,route")
+    ap.add_argument("--modes", default="local,route",
+                    help="local, route (pipelined, the default) and blocking (route with "
+                         "--no-pipeline); the first is the ratio's base")
+    ap.add_argument("--prompt", default=PROMPT, help="the prompt (default: a short story)")
+    ap.add_argument("--prompts", help="a file of prompts, one per line (# comments)")
+    ap.add_argument("--items", type=int, default=0, help="the first N prompts of --prompts")
+    ap.add_argument("--chat", action="store_true",
+                    help="wrap the prompt in the model's chat template (an instruct pair such as "
+                         "Qwen2.5-Coder ends at once on the plain prompt)")
     args = ap.parse_args()
     builds = args.builds.split(",")
     modes = args.modes.split(",")
+    prompts = read_prompts(args)
     port = free_port()
     serve = start_serve(os.path.join(builds[0], "tandem"), args.cloud, port)
     rows = []
@@ -139,33 +213,16 @@ def main():
         for rtt in [float(r) for r in args.rtts.split(",")]:
             proxy = DelayProxy(port, rtt)
             url = f"http://127.0.0.1:{proxy.port}"
-            samples = {(b, m): [] for b in builds for m in modes}
-            outputs = {}
-            for rep in range(args.reps):
-                for b in builds:
-                    for m in modes:
-                        wall, st, ids = run_once(os.path.join(b, "tandem"), args, m, url)
-                        samples[(b, m)].append((wall, st["total_ms"], st.get("ttft_ms", 0),
-                                                st.get("cloud_tokens", 0), st.get("tokens", 0)))
-                        outputs.setdefault((b, m), set()).add(tuple(ids))
-                        print(f"rtt {rtt:g} {b} {m}: wall {wall:.0f} ms, total {st['total_ms']:.0f}"
-                              f" ms, cloud {st.get('cloud_tokens', 0)}/{st.get('tokens', 0)}",
-                              file=sys.stderr)
-            for b in builds:
-                local = statistics.median(s[0] for s in samples[(b, modes[0])])
-                for m in modes:
-                    s = samples[(b, m)]
-                    walls = [x[0] for x in s]
-                    rows.append((rtt, b, m, cell(walls), cell([x[1] for x in s]),
-                                 cell([x[2] for x in s]), f"{s[0][3]}/{s[0][4]}",
-                                 f"{statistics.median(walls) / local:.2f}x",
-                                 len(outputs[(b, m)])))
+            samples = measure(args, builds, modes, prompts, url, rtt)
+            rows += rows_for(samples, builds, modes, len(prompts), rtt)
     finally:
         serve.kill()
         serve.wait()
+    print(f"{len(prompts)} prompt(s) x {args.reps} run(s); each cell: the median over prompts of "
+          "each prompt's median (min..max over prompts)")
     print("| rtt ms | build | mode | wall ms | answer's clock ms | first token ms | cloud tokens "
-          "| wall / local | distinct outputs |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| wall / local | distinct outputs | same as blocking |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(str(x) for x in r) + " |")
 

@@ -180,9 +180,6 @@ class RunCommand : public Command {
       }
       show_prompt(ids);
       const EdgeResult r = edge.generate(ids, n_predict(), printer());
-      const std::optional<std::string> cloud_line = edge.cloud_line();
-      print_cloud_line(
-          cloud_line.value_or("cloud: the session was still opening when the answer ended"));
       if (json_) {
         nlohmann::json j;
         j["text"] = r.text;
