@@ -85,8 +85,6 @@ class RunCommand : public Command {
     }
     const EdgeResult r = edge.generate(ids, n_predict(), printer());
     const std::optional<std::string> cloud_line = edge.cloud_line();
-    print_cloud_line(
-        cloud_line.value_or("cloud: the session was still opening when the answer ended"));
     if (json_) {
       nlohmann::json j;
       j["text"] = r.text;
@@ -103,6 +101,9 @@ class RunCommand : public Command {
     } else {
       std::printf("\n");
     }
+    std::fflush(stdout);  // the answer's line ends before the cloud's line on stderr
+    print_cloud_line(
+        cloud_line.value_or("cloud: the session was still opening when the answer ended"));
     summary(r.stats);
     return 0;
   }
