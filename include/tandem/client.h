@@ -339,7 +339,8 @@ class EdgeDecoder {
   // The small model back at history length `pos`: its KV cut there, and its logits (and hidden
   // state) there put back -- or, when none were kept (empty), recomputed when next needed.
   void rewind_small_model(size_t pos, std::vector<float> logits, std::vector<float> hidden);
-  // Waits for the session start_in_background() began and takes in the cloud's limits.
+  // Waits for the session start_in_background() began and takes in the cloud's limits; returns
+  // at once when none is being opened (no cloud, local mode, or already settled).
   void await_cloud();
   // await_cloud() when that would not wait; false while the session is still opening.
   bool poll_cloud();

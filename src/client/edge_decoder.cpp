@@ -455,7 +455,7 @@ struct EdgeDecoder::Turn {
     // A one-token op is within any server's limits, so it need not wait for the session's
     // opening: it queues behind it on the link while a pipelined decoder goes on. A longer
     // span first learns the server's limits.
-    if (d.link_ && d.options_.route_span > 1) d.await_cloud();
+    if (d.options_.route_span > 1) d.await_cloud();
     const CloudOp op = generate_op(std::min(d.options_.route_span, remaining()));
     if (!d.link_) return take_answer(std::nullopt, score, edge_guess);
     if (d.options_.pipeline) return route_ahead(op, score, edge_guess);
@@ -600,7 +600,7 @@ struct EdgeDecoder::Turn {
   // block goes out and the device goes on as if every draft and its own next token were taken,
   // drafting the next block while this one is verified (docs/client.md, "Pipelined routing").
   bool step_speculative() {
-    if (d.link_) d.await_cloud();
+    d.await_cloud();
     if (!ledger.in_flight() && !(d.link_ && d.link_->ready())) {
       return take_verdict(std::nullopt, {});
     }
@@ -698,7 +698,7 @@ struct EdgeDecoder::Turn {
 
   bool step_cloud() {
     std::optional<CloudStepResult> r;
-    if (d.link_) d.await_cloud();
+    d.await_cloud();
     if (d.link_ && d.link_->ready()) {
       // Small first steps so the first token streams early, then full chunks.
       const int chunk = std::min(d.options_.cloud_chunk, 1 << std::min(st.route_events, 16));
@@ -714,7 +714,7 @@ struct EdgeDecoder::Turn {
   void finish() {
     // A consultation that failed because the session was refused (a Fatal error) has settled
     // the opening by now: the refusal stops the answer even when no step came after it.
-    if (d.link_) d.poll_cloud();
+    d.poll_cloud();
     const std::string tail = stream.flush();
     res.text += tail;
     if (on_token && !tail.empty()) on_token(EdgeToken{-1, TokenSource::Local, 0.0f}, tail);

@@ -140,6 +140,7 @@ class ServeProcess {
   std::string url() const {
     return (tls_ ? "https" : "http") + std::string("://127.0.0.1:") + std::to_string(port_);
   }
+  uint16_t port() const { return static_cast<uint16_t>(port_); }
 
  private:
   bool wait_healthy() {
@@ -922,16 +923,13 @@ TEST_F(EdgeCloudTest, OtherVocabularyIsRefusedNamingBoth) {
 
 // `tandem run` opens the session in the background (start_in_background): the prompt's prefill
 // and the tokens before the first consultation overlap its round trips.
-uint16_t port_of(const ServeProcess& serve) {
-  return static_cast<uint16_t>(std::stoi(serve.url().substr(17)));  // http://127.0.0.1:PORT
-}
 
 TEST_F(EdgeCloudTest, AnAnswerThatNeverConsultsDoesNotWaitForTheSession) {
   ServeProcess serve(cloud_model_path());
   serve.start();
   // A minute per round trip: the session's opening is still out long after the answer ends,
   // and the decoder's teardown cuts it (it does not wait for it either).
-  net::DelayProxy proxy("127.0.0.1", port_of(serve), 60000);
+  net::DelayProxy proxy("127.0.0.1", serve.port(), 60000);
   EdgeDecoder edge(*edge_model_, edge_options(EdgeMode::Route, "never"),
                    backend("http://127.0.0.1:" + std::to_string(proxy.port())));
   edge.start_in_background();
@@ -944,7 +942,7 @@ TEST_F(EdgeCloudTest, AnAnswerThatNeverConsultsDoesNotWaitForTheSession) {
 TEST_F(EdgeCloudTest, ASessionOpenedInTheBackgroundTakesTheFirstConsultation) {
   ServeProcess serve(cloud_model_path());
   serve.start();
-  net::DelayProxy proxy("127.0.0.1", port_of(serve), 20);
+  net::DelayProxy proxy("127.0.0.1", serve.port(), 20);
   for (const bool pipeline : {false, true}) {
     EdgeOptions o = edge_options(EdgeMode::Route, "always");
     o.pipeline = pipeline;
@@ -1258,8 +1256,7 @@ void at_round_trips(const ServeProcess& serve, const Model& edge, const Body& bo
   for (const auto& [rtt, jitter, n_prompts, n] :
        {std::tuple{0.0, 0.0, 6, 16}, std::tuple{20.0, 20.0, 3, 16},
         std::tuple{100.0, 0.0, 2, 10}}) {
-    const uint16_t port = static_cast<uint16_t>(std::stoi(serve.url().substr(17)));
-    net::DelayProxy proxy("127.0.0.1", port, rtt, jitter);
+    net::DelayProxy proxy("127.0.0.1", serve.port(), rtt, jitter);
     body(rtt, "http://127.0.0.1:" + std::to_string(proxy.port()), pipeline_prompts(edge, n_prompts),
          n);
   }
@@ -1373,8 +1370,7 @@ void EdgeCloudTest::expect_complete_after_a_kill(const EdgeOptions& o) {
   for (double rtt : {0.0, 20.0}) {
     ServeProcess serve(cloud_model_path());
     serve.start();
-    const uint16_t port = static_cast<uint16_t>(std::stoi(serve.url().substr(17)));
-    net::DelayProxy proxy("127.0.0.1", port, rtt);
+    net::DelayProxy proxy("127.0.0.1", serve.port(), rtt);
     EdgeDecoder edge(*edge_model_, o, backend("http://127.0.0.1:" + std::to_string(proxy.port())));
     edge.start();
     int seen = 0;
