@@ -4,19 +4,24 @@ exit, against a `tandem serve` behind a TCP proxy that adds a round trip (docs/r
 its output). Meant for a quiet machine.
 
   scripts/bench_run_rtt.py --edge E --cloud C [--rtts 0,100] [--reps 5] [-n 160]
-                           [--builds build,OTHER/build] [--modes local,route,blocking] [--chat]
+                           [--builds build,OTHER/build] [--modes local,route,blocking,branches]
+                           [--branches 2] [--chat]
                            [--prompt TEXT | --prompts scripts/rtt_prompts.txt [--items N]]
 
 The cloud (`tandem serve -t 1`) is pinned to core 1, each `tandem run -t 1` to core 0. The proxy
 is this script's own (asyncio, not tandem's DelayProxy): every chunk is forwarded half the round
 trip after it arrived, in each direction, in order. Route mode runs at a 7% target share with the
 confidence policy (`--policy confidence --target-rate 0.07`; a trained router of the pair is
-not used, so that every build routes alike); `blocking` is the same with `--no-pipeline`.
+not used, so that every build routes alike); `blocking` is the same with `--no-pipeline`, and
+`branches` with `--branches N` (docs/client.md, "Branches").
 Prompts, builds and modes alternate within each repetition. Each cell: the median over prompts of
 each prompt's median wall time over --reps runs (min..max over prompts), the answer's own clock
 (`stats.total_ms`) and its time to first token (`stats.ttft_ms`) beside it, the cloud's tokens
 of all prompts' first runs, each prompt's wall / local of the same build (median, min..max), the
-most distinct outputs one prompt gave, and on how many prompts the output equals blocking mode's.
+most distinct outputs one prompt gave, on how many prompts the output equals blocking mode's, and
+over all runs per routed token: the main line's decodes thrown away (`wasted_tokens`) and the
+branch rows a takeover kept / decoded (`branch_kept`, `branch_tokens`; rows ride in the main
+line's steps).
 """
 import argparse
 import asyncio
@@ -118,6 +123,8 @@ def run_once(tandem, args, mode, url, prompt):
                 "--target-rate", "0.07"]
         if mode == "blocking":
             cmd.append("--no-pipeline")
+        if mode == "branches":
+            cmd += ["--branches", str(args.branches)]
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True)
     wall = (time.monotonic() - t0) * 1000
@@ -151,12 +158,16 @@ def measure(args, builds, modes, prompts, url, rtt):
             for b in builds:
                 for m in modes:
                     wall, st, ids = run_once(os.path.join(b, "tandem"), args, m, url, prompt)
+                    wasted = (st.get("wasted_tokens", 0), st.get("branch_kept", 0),
+                              st.get("branch_tokens", 0))
                     samples.setdefault((b, m, item), []).append(
                         (wall, st["total_ms"], st.get("ttft_ms", 0), st.get("cloud_tokens", 0),
-                         st.get("tokens", 0), tuple(ids)))
+                         st.get("tokens", 0), tuple(ids), wasted))
                     print(f"rtt {rtt:g} rep {rep} item {item} {b} {m}: wall {wall:.0f} ms, "
                           f"total {st['total_ms']:.0f} ms, cloud {st.get('cloud_tokens', 0)}/"
-                          f"{st.get('tokens', 0)}", file=sys.stderr)
+                          f"{st.get('tokens', 0)}, wasted {st.get('wasted_tokens', 0)}, "
+                          f"branches {st.get('branch_kept', 0)}/{st.get('branch_tokens', 0)} "
+                          "kept", file=sys.stderr)
     return samples
 
 
@@ -179,9 +190,12 @@ def rows_for(samples, builds, modes, n_items, rtt):
                 same = sum(samples[(b, m, i)][0][5] == samples[(b, "blocking", i)][0][5]
                            for i in range(n_items))
                 same = f"{same}/{n_items}"
+            routed = sum(r[3] for rs in runs for r in rs)
+            per = [sum(r[6][k] for rs in runs for r in rs) / max(routed, 1) for k in range(3)]
+            wasted = f"{per[0]:.2f}" + (f"; {per[1]:.2f}/{per[2]:.2f}" if per[2] else "")
             rows.append((f"{rtt:g}", b, m, cell(walls), cell(clock), cell(ttft),
                          f"{cloud}/{tokens}", ratio_cell([w / l for w, l in zip(walls, local)]),
-                         distinct, same))
+                         distinct, same, wasted if routed else "-"))
     return rows
 
 
@@ -194,8 +208,10 @@ def main():
     ap.add_argument("-n", type=int, default=160)
     ap.add_argument("--builds", default=os.path.join(ROOT, "build"))
     ap.add_argument("--modes", default="local,route",
-                    help="local, route (pipelined, the default) and blocking (route with "
-                         "--no-pipeline); the first is the ratio's base")
+                    help="local, route (pipelined, the default), blocking (route with "
+                         "--no-pipeline) and branches (route with --branches N); the first is "
+                         "the ratio's base")
+    ap.add_argument("--branches", type=int, default=2, help="N for the branches mode")
     ap.add_argument("--prompt", default=PROMPT, help="the prompt (default: a short story)")
     ap.add_argument("--prompts", help="a file of prompts, one per line (# comments)")
     ap.add_argument("--items", type=int, default=0, help="the first N prompts of --prompts")
@@ -221,8 +237,8 @@ def main():
     print(f"{len(prompts)} prompt(s) x {args.reps} run(s); each cell: the median over prompts of "
           "each prompt's median (min..max over prompts)")
     print("| rtt ms | build | mode | wall ms | answer's clock ms | first token ms | cloud tokens "
-          "| wall / local | distinct outputs | same as blocking |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| wall / local | distinct outputs | same as blocking | per routed token: wasted; branch rows kept/decoded |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(str(x) for x in r) + " |")
 

@@ -178,6 +178,14 @@ struct EdgeOptions {
   // model's own choice and go back only when the cloud answers otherwise (docs/client.md,
   // "Pipelined routing"). The output is the same either way.
   bool pipeline = true;
+  // Pipelined route mode, greedy, one-token route spans: while a consultation is out, also
+  // decode the small model's next `branches` choices at that position, side by side with its
+  // guess (one batch, a KV slot each), and take over the line the cloud's answer picks instead
+  // of decoding it again (docs/client.md, "Branches"). The output is the same; 0: off. Each
+  // fork takes as many of them as its running estimates say pay (none on a pair whose cloud
+  // rarely disagrees), or all of them with branches_fixed.
+  int branches = 0;
+  bool branches_fixed = false;
 };
 
 struct EdgeStats {
@@ -203,6 +211,9 @@ struct EdgeStats {
   // (the next block, drafted meanwhile, goes out at once), and the others.
   int route_confirmed = 0, route_changed = 0;
   int wasted_tokens = 0;  // tokens decoded ahead of an answer and then thrown away
+  // Branches (EdgeOptions::branches): tokens decoded on alternatives beside the guess, and of
+  // those the ones a takeover kept (the rest are thrown away too, at a batch row's cost).
+  int branch_tokens = 0, branch_kept = 0;
   int chained_steps = 0;  // cloud steps sent while earlier ones could still be out (queue)
   // Cancels of chained steps the decoder abandoned while the server could still run them (sent
   // in the background), and the steps the server said they stopped (counted when the cancel's
@@ -240,6 +251,8 @@ void visit_edge_stats(Visit&& visit, Stats&... s) {
   visit("route_confirmed", s.route_confirmed...);
   visit("route_changed", s.route_changed...);
   visit("wasted_tokens", s.wasted_tokens...);
+  visit("branch_tokens", s.branch_tokens...);
+  visit("branch_kept", s.branch_kept...);
   visit("chained_steps", s.chained_steps...);
   visit("cancels", s.cancels...);
   visit("cancelled_steps", s.cancelled_steps...);
@@ -289,6 +302,7 @@ std::string edge_stats_json(const EdgeStats& stats);
 using EdgeTokenCallback = std::function<bool(const EdgeToken& token, std::string_view piece)>;
 
 class CloudLink;
+class BranchSet;
 
 class EdgeDecoder {
  public:
@@ -352,11 +366,13 @@ class EdgeDecoder {
   std::unique_ptr<Context> ctx_;
   Sampler sampler_;
   std::unique_ptr<CloudLink> link_;
-  std::vector<TokenId> history_;       // the conversation: prompt(s) and every produced token
-  std::vector<TokenId> local_tokens_;  // what the small model's KV holds (may run ahead: drafts)
-  std::vector<float> logits_;          // the small model's next-token logits after local_tokens_
-  std::vector<float> hidden_;          // its final hidden state there (signal_hidden only)
-  size_t logits_pos_ = SIZE_MAX;       // local_tokens_.size() when logits_ was computed
+  std::unique_ptr<BranchSet> branches_;  // options_.branches > 0 only
+  int main_seq_ = 0;                     // the KV slot local_tokens_ describes
+  std::vector<TokenId> history_;         // the conversation: prompt(s) and every produced token
+  std::vector<TokenId> local_tokens_;    // what the small model's KV holds (may run ahead: drafts)
+  std::vector<float> logits_;            // the small model's next-token logits after local_tokens_
+  std::vector<float> hidden_;            // its final hidden state there (signal_hidden only)
+  size_t logits_pos_ = SIZE_MAX;         // local_tokens_.size() when logits_ was computed
   double local_ms_ = 0;
   bool connecting_ = false;  // start_in_background() began a connect not yet awaited
   std::string cloud_line_;   // what start() returns, once known

@@ -169,6 +169,11 @@ class Context {
   // Keeps positions [0, n_keep) of a sequence and forgets the rest.
   void truncate(int seq, int n_keep);
   void clear(int seq) { truncate(seq, 0); }
+  // Forks a sequence: dst keeps its first `from` positions (which the caller knows it shares
+  // with src), takes positions [from, to) from src, and holds `to` positions after it. For a
+  // caller that decodes several continuations of one prefix side by side. Throws tandem::Error
+  // for a bad slot, from > seq_length(dst) or to > seq_length(src).
+  void copy_positions(int src, int dst, int from, int to);
   // Forgets a sequence and gives its cache pages back to the operating system, so a server can
   // keep its resident memory within a KV budget while slots come and go.
   void release(int seq);

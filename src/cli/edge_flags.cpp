@@ -93,6 +93,17 @@ void add_control_flags(CLI::App& sub, EdgeFlags& f) {
                "position; the next block of drafts), going back only when the cloud answers "
                "otherwise (the same output; default on; --no-pipeline waits)")
       ->capture_default_str();
+  sub.add_option("--branches", f.options.branches,
+                 "Pipelined route mode (greedy, --route-span 1): while a consultation is out, "
+                 "also decode the small model's next N choices there side by side, and take "
+                 "over the one the cloud answers instead of decoding it again (the same output; "
+                 "each fork takes as many as pay, by the answers' ranks and the rows' cost so "
+                 "far; 0: off)")
+      ->check(CLI::Range(0, 8))
+      ->capture_default_str();
+  sub.add_flag("--branches-fixed", f.options.branches_fixed,
+               "Fork all --branches at every consultation, not only as many as the running "
+               "estimates say pay (for measuring)");
   sub.add_option("--sync-every", f.options.sync_every,
                  "Sync ahead once N local tokens have gathered (1: after every token)")
       ->check(CLI::Range(1, 1 << 20))

@@ -13,6 +13,7 @@
 #include <optional>
 #include <utility>
 
+#include "client/branch_set.h"
 #include "client/cloud_link.h"
 #include "client/pipeline_ledger.h"
 #include "common/error.h"
@@ -28,6 +29,9 @@ namespace {
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
+
+// EdgeOptions::branches at most: each is a KV slot and a batch row per step.
+constexpr int kMaxBranches = 8;
 
 }  // namespace
 
@@ -62,7 +66,19 @@ EdgeDecoder::EdgeDecoder(const Model& small, const EdgeOptions& options,
   if (options_.cloud_chunk < 1) options_.cloud_chunk = 1;
   if (options_.sync_every < 1) throw Error("--sync-every must be at least 1");
   if (!(options_.cloud_timeout_s > 0)) throw Error("--cloud-timeout must be positive");
-  ctx_ = std::make_unique<Context>(small, options_.context);
+  if (options_.branches < 0 || options_.branches > kMaxBranches) {
+    throw Error("--branches " + std::to_string(options_.branches) + " is out of range 0.." +
+                std::to_string(kMaxBranches));
+  }
+  ContextParams context = options_.context;
+  context.n_seq = std::max(context.n_seq, 1 + options_.branches);
+  ctx_ = std::make_unique<Context>(small, context);
+  if (options_.branches > 0) {
+    std::vector<int> seqs;
+    for (int i = 1; i <= options_.branches; ++i) seqs.push_back(i);
+    branches_ = std::make_unique<BranchSet>(*ctx_, small, router_, std::move(seqs),
+                                            options_.signal_hidden, options_.top_k_signal);
+  }
   if (cloud && options_.mode != EdgeMode::Local) {
     link_ = std::make_unique<CloudLink>(
         std::move(cloud), CloudLink::Options{options_.cloud_timeout_s, options_.backoff_initial_s,
@@ -130,7 +146,7 @@ void EdgeDecoder::ensure_local_logits() {
   // Keep the common prefix, but re-run at least the last token so its logits come out.
   const size_t keep = std::min(common, n - 1);
   const auto t0 = Clock::now();
-  ctx_->truncate(0, static_cast<int>(keep));
+  ctx_->truncate(main_seq_, static_cast<int>(keep));
   local_tokens_.resize(keep);
   logits_pos_ = SIZE_MAX;
   if (n > static_cast<size_t>(ctx_->n_ctx())) {
@@ -139,20 +155,29 @@ void EdgeDecoder::ensure_local_logits() {
   }
   constexpr size_t kChunk = 512;
   std::vector<BatchToken> batch;
+  size_t last = 0;  // the batch row of history_'s last token
   for (size_t b = keep; b < n; b += kChunk) {
     const size_t e = std::min(n, b + kChunk);
     batch.clear();
     for (size_t i = b; i < e; ++i) {
-      batch.push_back({history_[i], static_cast<int32_t>(i), 0, i + 1 == n,
+      batch.push_back({history_[i], static_cast<int32_t>(i), main_seq_, i + 1 == n,
                        options_.signal_hidden && i + 1 == n});
     }
+    last = batch.size() - 1;
+    // A one-token step carries the open branches' next tokens (the weights are read once).
+    const bool step = e - keep == 1 && branches_;
+    const size_t rows = step ? branches_->rows() : 0;
+    if (rows > 0) branches_->add_rows(batch);
+    const auto t_step = Clock::now();
     ctx_->decode(batch);
+    if (rows > 0) branches_->take_rows(last + 1);
+    if (step) branches_->note_step(rows, ms_since(t_step));
     local_tokens_.insert(local_tokens_.end(), history_.begin() + b, history_.begin() + e);
   }
-  const auto row = ctx_->logits(static_cast<int>(batch.size()) - 1);
+  const auto row = ctx_->logits(static_cast<int>(last));
   logits_.assign(row.begin(), row.end());
   if (options_.signal_hidden) {
-    const auto h = ctx_->hidden(static_cast<int>(batch.size()) - 1);
+    const auto h = ctx_->hidden(static_cast<int>(last));
     hidden_.assign(h.begin(), h.end());
   }
   logits_pos_ = n;
@@ -198,7 +223,7 @@ std::vector<TokenId> EdgeDecoder::greedy_chain(TokenId first, int n) {
 
 void EdgeDecoder::decode_ahead(TokenId token) {
   const auto t0 = Clock::now();
-  const BatchToken bt{token, static_cast<int32_t>(local_tokens_.size()), 0, true};
+  const BatchToken bt{token, static_cast<int32_t>(local_tokens_.size()), main_seq_, true};
   ctx_->decode(std::span<const BatchToken>(&bt, 1));
   local_tokens_.push_back(token);
   const auto row = ctx_->logits(0);
@@ -216,7 +241,7 @@ void EdgeDecoder::restore(size_t pos, const Router::State& router, Sampler::Stat
 void EdgeDecoder::rewind_small_model(size_t pos, std::vector<float> logits,
                                      std::vector<float> hidden) {
   if (local_tokens_.size() > pos) {
-    ctx_->truncate(0, static_cast<int>(pos));
+    ctx_->truncate(main_seq_, static_cast<int>(pos));
     local_tokens_.resize(pos);
   }
   if (logits.empty()) {
@@ -259,6 +284,7 @@ struct EdgeDecoder::Turn {
       cancels0 = d.link_->cancels();
       cancelled0 = d.link_->cancelled_steps();
     }
+    if (d.branches_) branches0 = d.branches_->decoded();
     use_cloud = d.link_ && d.options_.mode != EdgeMode::Local;
     maybe_sync(true);  // the prompt goes up while the small model prefills it
     t_start = Clock::now();
@@ -506,7 +532,42 @@ struct EdgeDecoder::Turn {
     f.sent = Clock::now();
     const Flight& out = ledger.send(std::move(f));
     d.router_.record(true, static_cast<int>(out.guess.size()));
+    fork_branches(out, op.n_generate);
     return emit_cloud(out.guess, score, 0, edge_guess);
+  }
+
+  // The small model's other choices at the flight's position go on side by side with its guess
+  // (BranchSet), when no earlier consultation's branches are still going. The router's state is
+  // the blocking decoder's after a one-token answer; the logits are still those at the position.
+  void fork_branches(const Flight& f, int n_generate) {
+    if (!d.branches_ || d.branches_->active() || n_generate != 1 || !d.sampler_.greedy()) return;
+    const size_t n = d.options_.branches_fixed ? static_cast<size_t>(d.options_.branches)
+                                               : d.branches_->worth_forking();
+    if (n == 0) return;
+    d.branches_->fork(f.ticket, d.history_, d.main_seq_, d.logits_, f.edge_guess, d.router_.state(),
+                      d.history_.size() + static_cast<size_t>(remaining()), n);
+  }
+
+  // The answer to f is the alternative a branch took: the decoder takes that line over -- its
+  // KV slot, its logits, the tokens it produced past the answer, each with the router's state
+  // after its decision -- as if it had decoded them itself. False when the answer ends there.
+  bool take_over_branch(const Flight& f, const CloudStepResult& r) {
+    if (!d.branches_ || r.tokens.size() != 1) return true;
+    std::optional<BranchSet::Takeover> t =
+        d.branches_->take_over(f.ticket, r.tokens[0], d.main_seq_, d.local_tokens_);
+    if (!t) return true;
+    d.main_seq_ = t->seq;
+    d.logits_pos_ = t->logits.empty() ? SIZE_MAX : d.local_tokens_.size();
+    d.logits_ = std::move(t->logits);
+    d.hidden_ = std::move(t->hidden);
+    st.branch_kept += static_cast<int>(d.local_tokens_.size() - f.pos);
+    for (const BranchSet::Produced& p : t->produced) {
+      d.router_.restore(p.router);
+      decided_threshold = p.token.threshold;
+      if (!emit(p.token.id, TokenSource::Local, p.token.score)) return false;
+    }
+    maybe_sync(false);
+    return true;
   }
 
   // ---- settling the answers out (pipelined route and speculative modes) ----
@@ -533,13 +594,24 @@ struct EdgeDecoder::Turn {
     st.cloud_ms += ms_since(f.sent);
     if (!r) {
       note_failure(why);
+      if (d.branches_) d.branches_->drop();
       return take_instead(std::move(f), r);
     }
     note_answer(*r);
     count_agreement(r->tokens == f.guess);
     if (!f.drafts.empty()) st.accepted_drafts += r->accepted;
-    if (r->tokens != f.guess) return take_instead(std::move(f), r);
-    return publish_settled() ? Resolved::Confirmed : Resolved::Ended;
+    if (d.branches_ && !f.logits.empty() && !r->tokens.empty()) {
+      d.branches_->note_answer(f.logits, r->tokens[0]);
+    }
+    const uint64_t ticket = f.ticket;
+    const Resolved out = r->tokens != f.guess ? take_instead(std::move(f), r)
+                         : publish_settled()  ? Resolved::Confirmed
+                                              : Resolved::Ended;
+    // Branches answer for one consultation; a rewind also voids every later one.
+    if (d.branches_ && (out != Resolved::Confirmed || d.branches_->ticket() == ticket)) {
+      d.branches_->drop();
+    }
+    return out;
   }
 
   // The answer to f is not its guess (or none came): everything goes back to f's position, the
@@ -554,8 +626,9 @@ struct EdgeDecoder::Turn {
     // Route mode kept the logits at f.pos; speculative mode did not (drafting moved them on).
     d.rewind_small_model(f.pos, std::move(f.logits), std::move(f.hidden));
     decided_threshold = f.threshold;
-    const bool going =
+    bool going =
         f.drafts.empty() ? take_answer(r, f.score, f.edge_guess) : take_verdict(r, f.drafts);
+    if (going && r && f.drafts.empty()) going = take_over_branch(f, *r);
     count_wasted(ahead, f.pos);
     return going ? Resolved::Rewound : Resolved::Ended;
   }
@@ -736,6 +809,7 @@ struct EdgeDecoder::Turn {
     st.sync_failures = d.link_->sync_failures() - syncfail0;
     st.cloud_failures = d.link_->failures() - fail0;
     st.cancels = d.link_->cancels() - cancels0;
+    if (d.branches_) st.branch_tokens = static_cast<int>(d.branches_->decoded() - branches0);
     st.cancelled_steps = d.link_->cancelled_steps() - cancelled0;
     st.cloud_lost = d.link_->disabled() || (st.fallbacks > 0 && st.route_events == 0);
     if (st.last_cloud_error.empty() && st.cloud_failures > 0) {
@@ -752,6 +826,7 @@ struct EdgeDecoder::Turn {
   Clock::time_point t_start;
   CloudCounters c0;
   int sync0 = 0, syncfail0 = 0, fail0 = 0, cancels0 = 0, cancelled0 = 0;
+  uint64_t branches0 = 0;
   bool use_cloud = false;
   size_t synced = 0;  // history length last pushed
   int cloud_warned = 0;

@@ -62,6 +62,22 @@ void KvCache::store(int layer, int seq, int pos, const float* key, const float* 
       v_dim_);
 }
 
+void KvCache::copy_positions(int src, int dst, int from, int to) {
+  assert(from >= 0 && from <= len_[dst] && to <= len_[src]);
+  if (to > from) {
+    const size_t n = static_cast<size_t>(to - from);
+    const size_t k_row = static_cast<size_t>(kv_dim_) * key_size_;
+    const size_t v_row = static_cast<size_t>(v_dim_) * value_size_;
+    for (int l = 0; l < n_layer_; ++l) {
+      std::memcpy(static_cast<std::byte*>(keys(l, dst)) + from * k_row,
+                  static_cast<const std::byte*>(keys(l, src)) + from * k_row, n * k_row);
+      std::memcpy(static_cast<std::byte*>(values(l, dst)) + from * v_row,
+                  static_cast<const std::byte*>(values(l, src)) + from * v_row, n * v_row);
+    }
+  }
+  len_[dst] = to;
+}
+
 size_t KvCache::bytes_per_position() const {
   return static_cast<size_t>(n_layer_) * (kv_dim_ * key_size_ + v_dim_ * value_size_);
 }

@@ -38,6 +38,11 @@ class KvCache {
   // Writes the key and value of one position from f32 (rounded to nearest even into f16).
   void store(int layer, int seq, int pos, const float* key, const float* value);
 
+  // Makes positions [from, to) of sequence dst those of sequence src (keys and values, every
+  // layer) and dst's length `to`. The caller has checked 0 <= from <= length(dst) and
+  // to <= length(src): dst keeps the prefix it shares with src.
+  void copy_positions(int src, int dst, int from, int to);
+
   // Number of positions filled for a sequence; positions [0, length) are valid.
   int length(int seq) const { return len_[seq]; }
   void set_length(int seq, int n) {

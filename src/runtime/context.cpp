@@ -137,6 +137,22 @@ void Context::truncate(int seq, int n_keep) {
   engine_->cache->set_length(seq, std::min(n_keep, engine_->cache->length(seq)));
 }
 
+void Context::copy_positions(int src, int dst, int from, int to) {
+  for (const int seq : {src, dst}) {
+    if (seq < 0 || seq >= n_seq_) throw Error("sequence " + std::to_string(seq) + " out of range");
+  }
+  if (src == dst)
+    throw Error("copy_positions: source and destination are both sequence " + std::to_string(src));
+  KvCache& cache = *engine_->cache;
+  if (from < 0 || from > cache.length(dst) || to < from || to > cache.length(src)) {
+    throw Error("copy_positions: positions [" + std::to_string(from) + ", " + std::to_string(to) +
+                ") of sequence " + std::to_string(src) + " (" + std::to_string(cache.length(src)) +
+                " filled) onto sequence " + std::to_string(dst) + " (" +
+                std::to_string(cache.length(dst)) + " filled)");
+  }
+  cache.copy_positions(src, dst, from, to);
+}
+
 void Context::release(int seq) {
   if (seq < 0 || seq >= n_seq_) throw Error("sequence " + std::to_string(seq) + " out of range");
   engine_->cache->release(seq);

@@ -1175,6 +1175,8 @@ RouteTrace route_trace(const Model& edge, const EdgeOptions& o, const std::strin
     t.stats.accepted_drafts += r.stats.accepted_drafts;
     t.stats.drafted += r.stats.drafted;
     t.stats.chained_steps += r.stats.chained_steps;
+    t.stats.branch_tokens += r.stats.branch_tokens;
+    t.stats.branch_kept += r.stats.branch_kept;
   }
   return t;
 }
@@ -1238,6 +1240,8 @@ void add_pipeline_counts(EdgeStats& sum, const EdgeStats& s) {
   sum.route_changed += s.route_changed;
   sum.wasted_tokens += s.wasted_tokens;
   sum.chained_steps += s.chained_steps;
+  sum.branch_tokens += s.branch_tokens;
+  sum.branch_kept += s.branch_kept;
 }
 
 // Both of the pipeline's ways were taken: answers that confirmed the held tokens and answers
@@ -1264,7 +1268,10 @@ void at_round_trips(const ServeProcess& serve, const Model& edge, const Body& bo
 
 // Pipelined and blocking route mode give the same tokens, sources, scores, thresholds and
 // stops, setting by setting, over a delay proxy adding 0, 20 and 100 ms per round trip (fewer
-// prompts and tokens at the longer round trips, to keep the test short).
+// prompts and tokens at the longer round trips, to keep the test short); so does pipelined
+// route mode forking two branches at every consultation (EdgeOptions::branches, fixed), which
+// took over some answers' lines (the settings with a route span of 3 and with sampling fork
+// none).
 TEST_F(EdgeCloudTest, PipelinedRouteEqualsBlockingRoute) {
   const std::string router = (std::filesystem::temp_directory_path() /
                               ("tandem-pipe-router-" + std::to_string(getpid()) + ".gguf"))
@@ -1273,7 +1280,7 @@ TEST_F(EdgeCloudTest, PipelinedRouteEqualsBlockingRoute) {
   ServeProcess serve(cloud_model_path());
   serve.start();
   const auto settings = pipeline_settings(*edge_model_, router);
-  EdgeStats pipelined;  // summed over every pipelined run
+  EdgeStats pipelined, with_branches;  // summed over every pipelined run
   at_round_trips(
       serve, *edge_model_,
       [&](double rtt, const std::string& url, const std::vector<std::vector<TokenId>>& prompts,
@@ -1285,6 +1292,14 @@ TEST_F(EdgeCloudTest, PipelinedRouteEqualsBlockingRoute) {
           o.pipeline = true;
           const RouteTrace piped = route_trace(*edge_model_, o, url, prompts, n);
           EXPECT_TRUE(piped == blocking) << name << " at " << rtt << " ms";
+          o.branches = 2;
+          o.branches_fixed = true;
+          const RouteTrace branched = route_trace(*edge_model_, o, url, prompts, n);
+          EXPECT_TRUE(branched == blocking) << name << " with branches at " << rtt << " ms";
+          if (o.route_span > 1 || o.sampling.temp > 0) {
+            EXPECT_EQ(branched.stats.branch_tokens, 0) << name;
+          }
+          add_pipeline_counts(with_branches, branched.stats);
           EXPECT_EQ(piped.stats.route_events, blocking.stats.route_events) << name;
           EXPECT_EQ(piped.stats.cloud_tokens, blocking.stats.cloud_tokens) << name;
           EXPECT_EQ(blocking.stats.fallbacks, 0) << name;
@@ -1300,6 +1315,9 @@ TEST_F(EdgeCloudTest, PipelinedRouteEqualsBlockingRoute) {
         }
       });
   expect_both_ways(pipelined);
+  EXPECT_EQ(pipelined.branch_tokens, 0);
+  EXPECT_GT(with_branches.branch_kept, 0);
+  EXPECT_GE(with_branches.branch_tokens, with_branches.branch_kept);
   std::filesystem::remove(router);
 }
 

@@ -355,6 +355,53 @@ TEST(F16KvCache, CloseToF32Cache) {
   EXPECT_EQ(mixed.kv_bytes_per_position() * 4, c32.kv_bytes_per_position() * 3);
 }
 
+// Context::copy_positions forks a sequence: slot 1 takes all of slot 0's prefix, slot 2 shares
+// its first 11 tokens (decoded there itself) and takes the rest; each fork then continues with
+// the same token as slot 0, in one batch, and every row's logits equal slot 0's bit for bit
+// (Gemma 3: 40 positions, past the synthetic sliding window of 32; f32 and f16 caches). Bad
+// forks are refused with what was asked and what the slots hold, the cache unchanged.
+TEST(ForkedSequences, CopiedPositionsContinueBitExact) {
+  const auto model = Model::load(tandem::testing::testdata_path("models/synth-gemma3-Q4_K_M.gguf"));
+  for (const KvCacheType kv : {KvCacheType::F32, KvCacheType::F16}) {
+    Context ctx(*model, {.n_ctx = 64, .n_seq = 3, .n_threads = 1, .type_k = kv, .type_v = kv});
+    std::vector<BatchToken> batch;
+    for (int i = 0; i < 40; ++i) batch.push_back({7 + i % 50, i, 0, false});
+    for (int i = 0; i < 11; ++i) batch.push_back({7 + i % 50, i, 2, false});
+    ctx.decode(batch);
+    ctx.copy_positions(0, 1, 0, 40);
+    ctx.copy_positions(0, 2, 11, 40);
+    EXPECT_EQ(ctx.seq_length(1), 40);
+    EXPECT_EQ(ctx.seq_length(2), 40);
+    batch.clear();
+    for (int s = 0; s < 3; ++s) batch.push_back({5, 40, s, true});
+    ctx.decode(batch);
+    const auto want = ctx.logits(0);
+    for (int s = 1; s < 3; ++s) {
+      const auto got = ctx.logits(s);
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size_bytes()), 0)
+          << "slot " << s << ", kv " << kv_cache_type_name(kv);
+    }
+    const auto expect_refused = [&](int src, int dst, int from, int to, const std::string& what) {
+      const int lengths[3] = {ctx.seq_length(0), ctx.seq_length(1), ctx.seq_length(2)};
+      try {
+        ctx.copy_positions(src, dst, from, to);
+        ADD_FAILURE() << "expected an error containing '" << what << "'";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      }
+      for (int s = 0; s < 3; ++s) EXPECT_EQ(ctx.seq_length(s), lengths[s]);
+    };
+    expect_refused(0, 3, 0, 4, "sequence 3 out of range");
+    expect_refused(1, 1, 0, 4, "both sequence 1");
+    expect_refused(0, 1, 0, 42, "positions [0, 42) of sequence 0 (41 filled)");
+    expect_refused(0, 1, 5, 4, "positions [5, 4)");
+    ctx.truncate(2, 3);
+    expect_refused(0, 2, 4, 10, "onto sequence 2 (3 filled)");
+    ctx.copy_positions(0, 2, 3, 41);
+    EXPECT_EQ(ctx.seq_length(2), 41);
+  }
+}
+
 // The real model, on the best target: longer prompt, Gemma 3's sliding window not reached.
 TEST(RealModelBatchInvariance, LogitsAndHiddenBitExactAcrossBatches) {
   const std::string path = test_model_path();
