@@ -4,8 +4,8 @@ exit, against a `tandem serve` behind a TCP proxy that adds a round trip (docs/r
 its output). Meant for a quiet machine.
 
   scripts/bench_run_rtt.py --edge E --cloud C [--rtts 0,100] [--reps 5] [-n 160]
-                           [--builds build,OTHER/build] [--modes local,route,blocking,branches]
-                           [--branches 2] [--chat]
+                           [--builds build,OTHER/build] [--modes local,route,blocking,branches:N]
+                           [--chat]
                            [--prompt TEXT | --prompts scripts/rtt_prompts.txt [--items N]]
 
 The cloud (`tandem serve -t 1`) is pinned to core 1, each `tandem run -t 1` to core 0. The proxy
@@ -13,7 +13,7 @@ is this script's own (asyncio, not tandem's DelayProxy): every chunk is forwarde
 trip after it arrived, in each direction, in order. Route mode runs at a 7% target share with the
 confidence policy (`--policy confidence --target-rate 0.07`; a trained router of the pair is
 not used, so that every build routes alike); `blocking` is the same with `--no-pipeline`, and
-`branches` with `--branches N` (docs/client.md, "Branches").
+`branches:N` with `--branches N` (docs/client.md, "Branches"; `route` takes the build's default).
 Prompts, builds and modes alternate within each repetition. Each cell: the median over prompts of
 each prompt's median wall time over --reps runs (min..max over prompts), the answer's own clock
 (`stats.total_ms`) and its time to first token (`stats.ttft_ms`) beside it, the cloud's tokens
@@ -123,8 +123,8 @@ def run_once(tandem, args, mode, url, prompt):
                 "--target-rate", "0.07"]
         if mode == "blocking":
             cmd.append("--no-pipeline")
-        if mode == "branches":
-            cmd += ["--branches", str(args.branches)]
+        if mode.startswith("branches:"):
+            cmd += ["--branches", mode.split(":", 1)[1]]
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True)
     wall = (time.monotonic() - t0) * 1000
@@ -209,9 +209,8 @@ def main():
     ap.add_argument("--builds", default=os.path.join(ROOT, "build"))
     ap.add_argument("--modes", default="local,route",
                     help="local, route (pipelined, the default), blocking (route with "
-                         "--no-pipeline) and branches (route with --branches N); the first is "
+                         "--no-pipeline) and branches:N (route with --branches N); the first is "
                          "the ratio's base")
-    ap.add_argument("--branches", type=int, default=2, help="N for the branches mode")
     ap.add_argument("--prompt", default=PROMPT, help="the prompt (default: a short story)")
     ap.add_argument("--prompts", help="a file of prompts, one per line (# comments)")
     ap.add_argument("--items", type=int, default=0, help="the first N prompts of --prompts")

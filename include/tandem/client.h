@@ -184,7 +184,7 @@ struct EdgeOptions {
   // of decoding it again (docs/client.md, "Branches"). The output is the same; 0: off. Each
   // fork takes as many of them as its running estimates say pay (none on a pair whose cloud
   // rarely disagrees), or all of them with branches_fixed.
-  int branches = 0;
+  int branches = 2;
   bool branches_fixed = false;
 };
 

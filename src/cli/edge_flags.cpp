@@ -98,7 +98,7 @@ void add_control_flags(CLI::App& sub, EdgeFlags& f) {
                  "also decode the small model's next N choices there side by side, and take "
                  "over the one the cloud answers instead of decoding it again (the same output; "
                  "each fork takes as many as pay, by the answers' ranks and the rows' cost so "
-                 "far; 0: off)")
+                 "far, so a pair whose cloud rarely disagrees forks none; 0: off)")
       ->check(CLI::Range(0, 8))
       ->capture_default_str();
   sub.add_flag("--branches-fixed", f.options.branches_fixed,

@@ -70,10 +70,13 @@ EdgeDecoder::EdgeDecoder(const Model& small, const EdgeOptions& options,
     throw Error("--branches " + std::to_string(options_.branches) + " is out of range 0.." +
                 std::to_string(kMaxBranches));
   }
+  // Branches are forked only by pipelined route mode against a cloud.
+  const bool branching = options_.branches > 0 && options_.mode == EdgeMode::Route &&
+                         options_.pipeline && cloud != nullptr;
   ContextParams context = options_.context;
-  context.n_seq = std::max(context.n_seq, 1 + options_.branches);
+  if (branching) context.n_seq = std::max(context.n_seq, 1 + options_.branches);
   ctx_ = std::make_unique<Context>(small, context);
-  if (options_.branches > 0) {
+  if (branching) {
     std::vector<int> seqs;
     for (int i = 1; i <= options_.branches; ++i) seqs.push_back(i);
     branches_ = std::make_unique<BranchSet>(*ctx_, small, router_, std::move(seqs),

@@ -1290,6 +1290,7 @@ TEST_F(EdgeCloudTest, PipelinedRouteEqualsBlockingRoute) {
           o.pipeline = false;
           const RouteTrace blocking = route_trace(*edge_model_, o, url, prompts, n);
           o.pipeline = true;
+          o.branches = 0;
           const RouteTrace piped = route_trace(*edge_model_, o, url, prompts, n);
           EXPECT_TRUE(piped == blocking) << name << " at " << rtt << " ms";
           o.branches = 2;
