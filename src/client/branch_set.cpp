@@ -9,19 +9,21 @@ namespace tandem {
 
 namespace {
 
-// The n best tokens of a logits row other than `skip` and the model's end-of-generation tokens,
-// best first (ties: the lower id first, as argmax).
+// The n most likely tokens of a logits row other than `skip` and the model's end-of-generation
+// tokens, in top_n's order. The window widens until n survive (a few end-of-generation tokens
+// may rank high).
 std::vector<TokenId> best_others(std::span<const float> logits, TokenId skip, size_t n,
                                  const Model& model) {
   std::vector<TokenId> best;
-  const auto better = [&](TokenId a, TokenId b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  for (TokenId t = 0; t < static_cast<TokenId>(logits.size()); ++t) {
-    if (t == skip || (best.size() == n && !better(t, best.back()))) continue;
-    if (model.is_end_of_generation(t)) continue;
-    if (best.size() == n) best.pop_back();
-    best.insert(std::upper_bound(best.begin(), best.end(), t, better), t);
+  for (size_t want = n + 1; best.size() < n; want *= 2) {
+    best.clear();
+    // log_z 0: only the order is used, not the log-probabilities.
+    for (const TokenLogProb& c : top_n(logits, static_cast<int>(want), 0.0)) {
+      if (best.size() < n && c.id != skip && !model.is_end_of_generation(c.id)) {
+        best.push_back(c.id);
+      }
+    }
+    if (want >= logits.size()) break;
   }
   return best;
 }
@@ -60,7 +62,7 @@ BranchSet::BranchSet(Context& ctx, const Model& model, Router& router, std::vect
 
 void BranchSet::note_answer(std::span<const float> logits, TokenId answer) {
   if (answer < 0 || static_cast<size_t>(answer) >= logits.size()) return;
-  // Its rank as best_others orders: higher logits first, ties by the lower id.
+  // Its rank in top_n's order: higher logits first, ties by the lower id.
   size_t rank = 0;
   const float a = logits[answer];
   for (TokenId t = 0; t < static_cast<TokenId>(logits.size()) && rank <= branches_.size(); ++t) {
@@ -77,7 +79,7 @@ void BranchSet::note_step(size_t rows, double ms) {
 
 size_t BranchSet::rows() const {
   size_t n = 0;
-  for (const Branch& b : branches_) n += b.open && b.line.size() > b.kv.size();
+  for (const Branch& b : branches_) n += has_row(b);
   return n;
 }
 
@@ -132,7 +134,7 @@ void BranchSet::fork(uint64_t ticket, std::span<const TokenId> history, int main
 void BranchSet::add_rows(std::vector<BatchToken>& batch) const {
   if (!active()) return;
   for (const Branch& b : branches_) {
-    if (!b.open || b.line.size() == b.kv.size()) continue;
+    if (!has_row(b)) continue;
     batch.push_back(
         {b.line.back(), static_cast<int32_t>(b.kv.size()), b.seq, true, signal_hidden_});
   }
@@ -142,7 +144,7 @@ void BranchSet::take_rows(size_t first) {
   if (!active()) return;
   auto row = static_cast<int>(first);
   for (Branch& b : branches_) {
-    if (!b.open || b.line.size() == b.kv.size()) continue;
+    if (!has_row(b)) continue;
     b.kv.push_back(b.line.back());
     const auto logits = ctx_.logits(row);
     b.logits.assign(logits.begin(), logits.end());

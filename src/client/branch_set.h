@@ -114,6 +114,8 @@ class BranchSet {
     bool open = false;
   };
 
+  // An open branch whose line's last token is still to decode: it rides in the next step.
+  static bool has_row(const Branch& b) { return b.open && b.line.size() > b.kv.size(); }
   // Decides the branch's next position after a decoded row: a token produced, or the branch
   // closed (the router routes there, the token ends the answer, or the line is full).
   void extend(Branch& b);
